@@ -1,0 +1,77 @@
+"""What a load run yields. Keys of `Measurement.metrics` follow `vllm bench serve`'s result JSON
+(`output_throughput`, `request_throughput`, `total_token_throughput`, `mean_ttft_ms`, `median_ttft_ms`,
+`std_ttft_ms`, `p90_ttft_ms`, `p95_ttft_ms`, `p99_ttft_ms`, `p99.9_ttft_ms`, likewise for tpot, itl and
+e2el, `completed`, `failed`, `total_input_tokens`, `total_output_tokens`, `duration`,
+`max_concurrent_requests`) plus autotune's own `goodput` (req/s meeting every SLO term),
+`slo_attainment_pct`, `request_rate` (offered) and `concurrency` (offered)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class RequestRecord:
+    """One request, timed with a monotonic clock at chunk arrival. Failed requests stay in the list."""
+
+    start_s: float
+    ttft_ms: float | None
+    e2el_ms: float | None
+    itl_ms: list[float]
+    input_tokens: int
+    output_tokens: int
+    ok: bool
+    error: str | None = None
+
+    @property
+    def tpot_ms(self) -> float | None:
+        if not self.ok or self.output_tokens <= 1 or self.ttft_ms is None or self.e2el_ms is None:
+            return None
+        return (self.e2el_ms - self.ttft_ms) / (self.output_tokens - 1)
+
+
+@dataclass
+class ClientHealth:
+    """Whether the load generator itself kept up (event-loop lag, CPU); saturated results are not trusted."""
+
+    saturated: bool = False
+    loop_lag_p99_ms: float | None = None
+    cpu_pct: float | None = None
+    note: str = ""
+
+
+@dataclass
+class Measurement:
+    metrics: dict[str, float]
+    records: list[RequestRecord] = field(default_factory=list)
+    client: ClientHealth = field(default_factory=ClientHealth)
+    load: dict[str, Any] = field(default_factory=dict)   # what was offered: mode, concurrency/rate, n, seed
+    aborted_early: bool = False
+
+    def to_json(self, with_records: bool = True) -> dict[str, Any]:
+        out: dict[str, Any] = {**self.metrics, "load": self.load, "client": asdict(self.client),
+                               "aborted_early": self.aborted_early}
+        if with_records:
+            out["requests"] = [asdict(r) for r in self.records]
+        return out
+
+
+@dataclass
+class LoadStep:
+    """One step of a capacity search: the offered load and what it gave."""
+
+    load: float                # request rate (req/s) or concurrency, by the search's mode
+    measurement: Measurement
+    slo_met: bool
+
+
+@dataclass
+class CapacityResult:
+    """Highest load that met the SLO. `at_capacity` is None when even the lowest load broke it."""
+
+    mode: str                  # "rate" or "concurrency"
+    capacity: float | None
+    at_capacity: Measurement | None
+    steps: list[LoadStep] = field(default_factory=list)
+    cache_reset: bool = True   # False when the server had no /reset_prefix_cache (404)

@@ -1,0 +1,115 @@
+"""The `autotune` command. Thin: parse, build objects, call in.
+
+argparse rather than click/typer because every bad input must end as one line on stderr and exit
+code 2 (click prints a usage box). Commands that pass vLLM flags through (`sim-serve`, `estimate`) and
+`bench` own their parsers in their packages and receive the raw arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Callable, Sequence
+
+from autotune.errors import UserError
+
+# command -> "module:function" taking argv (list[str]) and returning an exit code
+_DELEGATED: dict[str, str] = {
+    "bench": "autotune.bench.command:main",
+    "sim-serve": "autotune.sim.command:serve_main",
+    "estimate": "autotune.sim.command:estimate_main",
+}
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse that reports a usage error as a single line and exits 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        sys.stderr.write(f"{self.prog}: error: {message}\n")
+        raise SystemExit(2)
+
+
+def _build_parser() -> OneLineParser:
+    p = OneLineParser(prog="autotune", description="Auto-tune vLLM server flags under a latency SLO.")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
+
+    run = sub.add_parser("run", help="run (or resume) a tuning study")
+    run.add_argument("--study", help="study spec YAML (default: ./autotune.yaml, else built from --model)")
+    run.add_argument("--slo", help="e.g. ttft=1s or ttft:p95<=800ms,tpot:p99<=50ms")
+    run.add_argument("--n-trials", type=int, help="total COMPLETE trials the study should hold")
+    run.add_argument("--timeout", help="wall-clock limit for this invocation, e.g. 3600, 90m, 8h")
+    run.add_argument("--storage", help="SQLAlchemy URL, e.g. sqlite:///studies/x.db")
+    run.add_argument("--model", help="local model directory or hub id org/name")
+    run.add_argument("--engine-cmd", help="engine command, e.g. 'vllm serve' (split like a shell, never run by one)")
+    run.add_argument("--gpus", help="device indices, e.g. 0,1")
+    run.add_argument("--study-name", help="override the study's name")
+    run.add_argument("--no-progress", action="store_true", help="plain log lines instead of the live display")
+
+    show = sub.add_parser("show", help="trials, causes, metrics and the Pareto front of a study")
+    show.add_argument("--storage", required=True)
+    show.add_argument("--study-name")
+    show.add_argument("--json", action="store_true", help="machine-readable output")
+
+    exp = sub.add_parser("export", help="write the best (or a chosen) trial's config")
+    exp.add_argument("--storage", required=True)
+    exp.add_argument("--study-name")
+    exp.add_argument("--format", required=True, choices=["vllm-yaml", "command", "json"])
+    exp.add_argument("--trial", type=int, help="trial number (default: best feasible)")
+    exp.add_argument("-o", "--output", required=True, help="file to write ('-' for stdout)")
+
+    init = sub.add_parser("init", help="write a commented autotune.yaml")
+    init.add_argument("path", nargs="?", default="autotune.yaml")
+    init.add_argument("--force", action="store_true")
+
+    demo = sub.add_parser("demo-model", help="write a tiny random-weight Llama with a local BPE tokenizer")
+    demo.add_argument("dir")
+
+    for name in _DELEGATED:
+        sub.add_parser(name, help=f"see 'autotune {name} --help'", add_help=False)
+    return p
+
+
+def _load(target: str) -> Callable[[list[str]], int]:
+    import importlib
+
+    module, func = target.split(":")
+    return getattr(importlib.import_module(module), func)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if args_list and args_list[0] in _DELEGATED:
+            return int(_load(_DELEGATED[args_list[0]])(args_list[1:]) or 0)
+        args = _build_parser().parse_args(args_list)
+        return int(_dispatch(args) or 0)
+    except UserError as e:
+        sys.stderr.write(f"autotune: error: {e}\n")
+        return 2
+    except KeyboardInterrupt:
+        sys.stderr.write("autotune: interrupted\n")
+        return 130
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    if args.command == "run":
+        from autotune.tuner.command import run_command
+        return run_command(args)
+    if args.command == "show":
+        from autotune.store.command import show_command
+        return show_command(args)
+    if args.command == "export":
+        from autotune.export.command import export_command
+        return export_command(args)
+    if args.command == "init":
+        from autotune.spec import write_init
+        return write_init(args.path, force=args.force)
+    if args.command == "demo-model":
+        from autotune.demo_model import write_demo_model
+        write_demo_model(args.dir)
+        return 0
+    raise AssertionError(args.command)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,111 @@
+"""One tunable vLLM flag: its range, how Optuna samples it and how it is written on a command line."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import optuna
+from optuna.distributions import (BaseDistribution, CategoricalDistribution, FloatDistribution,
+                                  IntDistribution)
+
+from autotune.errors import UserError
+
+_KINDS = ("int", "float", "bool", "categorical")
+_KEYS = {"type", "low", "high", "step", "log", "choices", "default", "flag", "when", "quality",
+         "requires_gpus", "help"}
+# A categorical choice that means "leave the flag off" (e.g. quantization: none).
+NONE_CHOICES = ("none", None)
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    name: str
+    kind: str
+    low: float | None = None
+    high: float | None = None
+    step: float | None = None
+    log: bool = False
+    choices: tuple[Any, ...] = ()
+    default: Any = None          # vLLM's own default, when known: what the baseline trial records
+    flag: str = ""
+    when: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)   # active only when these params take these values
+    quality: bool = False        # changes output quality: searched only with the study's opt-in
+    requires_gpus: int = 1       # dropped from the space when fewer GPUs are given
+
+    @classmethod
+    def from_mapping(cls, name: str, raw: Any) -> "ParamSpec":
+        where = f"search space param {name!r}"
+        if not isinstance(raw, Mapping):
+            raise UserError(f"{where}: expected a mapping like {{type: int, low: 1, high: 8}}")
+        unknown = set(raw) - _KEYS
+        if unknown:
+            raise UserError(f"{where}: unknown key(s) {', '.join(sorted(map(str, unknown)))}")
+        kind = raw.get("type")
+        if kind not in _KINDS:
+            raise UserError(f"{where}: type must be one of {', '.join(_KINDS)}")
+        flag = raw.get("flag") or "--" + name.replace("_", "-")
+        when = {str(k): tuple(v if isinstance(v, list) else [v]) for k, v in (raw.get("when") or {}).items()}
+        common = dict(name=name, kind=kind, default=raw.get("default"), flag=str(flag), when=when,
+                      quality=bool(raw.get("quality", False)), requires_gpus=int(raw.get("requires_gpus", 1)))
+        if kind in ("int", "float"):
+            low, high = raw.get("low"), raw.get("high")
+            if not isinstance(low, (int, float)) or not isinstance(high, (int, float)) or isinstance(low, bool):
+                raise UserError(f"{where}: {kind} needs numeric low and high")
+            if low > high:
+                raise UserError(f"{where}: low {low} is above high {high}")
+            log, step = bool(raw.get("log", False)), raw.get("step")
+            if log and low <= 0:
+                raise UserError(f"{where}: a log range needs low > 0")
+            if log and step not in (None, 1):
+                raise UserError(f"{where}: log and step cannot be combined")
+            if step is not None and (not isinstance(step, (int, float)) or step <= 0):
+                raise UserError(f"{where}: step must be a positive number")
+            if kind == "int" and (int(low) != low or int(high) != high):
+                raise UserError(f"{where}: int bounds must be whole numbers")
+            return cls(low=low, high=high, step=step, log=log, **common)
+        if kind == "categorical":
+            choices = raw.get("choices")
+            if not isinstance(choices, list) or not choices:
+                raise UserError(f"{where}: categorical needs a non-empty list of choices")
+            return cls(choices=tuple(choices), **common)
+        return cls(choices=(True, False), **common)
+
+    def distribution(self) -> BaseDistribution:
+        if self.kind == "int":
+            return IntDistribution(int(self.low), int(self.high), log=self.log, step=int(self.step or 1))
+        if self.kind == "float":
+            return FloatDistribution(float(self.low), float(self.high), log=self.log,
+                                     step=None if self.step is None else float(self.step))
+        return CategoricalDistribution(self.choices)
+
+    def suggest(self, trial: optuna.Trial) -> Any:
+        if self.kind == "int":
+            return trial.suggest_int(self.name, int(self.low), int(self.high), step=int(self.step or 1),
+                                     log=self.log)
+        if self.kind == "float":
+            return trial.suggest_float(self.name, float(self.low), float(self.high), log=self.log,
+                                       step=None if self.step is None else float(self.step))
+        return trial.suggest_categorical(self.name, list(self.choices))
+
+    def contains(self, value: Any) -> bool:
+        if self.kind in ("int", "float"):
+            return isinstance(value, (int, float)) and not isinstance(value, bool) \
+                and self.low <= value <= self.high
+        return value in self.choices
+
+    def render(self, value: Any) -> list[str]:
+        """Command-line form. Booleans as --flag / --no-flag (vLLM's BooleanOptionalAction)."""
+        if self.kind == "bool":
+            return [self.flag] if value else ["--no-" + self.flag[2:]]
+        if self.kind == "categorical" and value in NONE_CHOICES:
+            return []
+        if self.kind == "float":
+            return [self.flag, f"{float(value):g}"]
+        return [self.flag, str(value)]
+
+    def describe(self) -> dict[str, Any]:
+        """Canonical form for the space's fingerprint."""
+        return {"name": self.name, "kind": self.kind, "low": self.low, "high": self.high, "step": self.step,
+                "log": self.log, "choices": list(self.choices), "flag": self.flag,
+                "when": {k: list(v) for k, v in sorted(self.when.items())}}

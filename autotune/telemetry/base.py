@@ -47,6 +47,14 @@ class TelemetrySummary:
     max_waiting: float | None = None
     overhead_ms_per_sample: float | None = None
     series: list[dict[str, Any]] = field(default_factory=list)
+    # Added by the telemetry package (additive; all optional):
+    gpus: list[int] = field(default_factory=list)        # device indices watched (nvml/sim)
+    simulated: bool = False                              # values come from the simulator, not hardware
+    energy_method: str | None = None                     # "counter" (NVML/sim mJ counter) | "power_integral"
+    energy_window_s: float | None = None                 # time the energy was counted over (source's clock)
+    joules_per_token: float | None = None                # set by `objectives()` once tokens are known
+    unsupported: list[str] = field(default_factory=list)  # fields the source could not read
+    note: str | None = None                              # why nothing (or less) was measured
 
     @property
     def mem_headroom(self) -> float | None:

@@ -96,7 +96,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         from autotune.tuner.command import run_command
         return run_command(args)
     if args.command == "show":
-        from autotune.store.command import show_command
+        from autotune.report.show import show_command
         return show_command(args)
     if args.command == "export":
         from autotune.export.command import export_command

@@ -1,0 +1,98 @@
+"""`autotune show`: every trial with its state, cause and numbers, then the Pareto front. Failed trials
+show their cause and no objective values (their placeholders stay inside Optuna)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from autotune.store.models import StudyRecord, TrialRecord
+from autotune.store.queries import best_trial, is_feasible, pareto_front
+from autotune.store.repository import ResultStore
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, bool):
+        return "on" if v else "off"
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def _telemetry_line(t: TrialRecord) -> str:
+    if not t.telemetry:
+        return ""
+    try:
+        from autotune.telemetry import format_stored
+        return format_stored(t.telemetry)
+    except Exception:
+        return ""
+
+
+def trial_rows(study: StudyRecord, trials: list[TrialRecord]) -> list[dict[str, Any]]:
+    names = [o for o, _ in study.objectives]
+    rows = []
+    for t in trials:
+        rows.append({
+            "number": t.number, "role": t.role, "state": t.state, "feasible": is_feasible(t), "cause": t.cause,
+            "detail": t.detail, "params": t.params, "flags": t.flags,
+            "objectives": {n: t.objectives.get(n) for n in names} if t.objectives else {},
+            "slo_margins": {k: v for k, v in (t.constraints or {}).items() if k.startswith("slo:")},
+            "p99_ttft_ms": (t.metrics or {}).get("p99_ttft_ms"),
+            "median_tpot_ms": (t.metrics or {}).get("median_tpot_ms"),
+            "output_throughput": (t.metrics or {}).get("output_throughput"),
+            "capacity": (t.capacity or {}).get("capacity"),
+            "kv_cache_tokens": t.kv_cache_tokens, "startup_seconds": t.startup_seconds,
+            "telemetry": t.telemetry, "simulated": t.simulated, "engine_version": t.engine_version,
+        })
+    return rows
+
+
+def show_command(args: argparse.Namespace) -> int:
+    store = ResultStore(args.storage, create=False)
+    study = store.resolve_study(args.study_name)
+    trials = store.trials(study.id)
+    front = pareto_front(study, trials)
+    best = best_trial(study, trials)
+    rows = trial_rows(study, trials)
+    if args.json:
+        print(json.dumps({"study": study.name, "model": study.model, "slo": study.slo,
+                          "objectives": study.objectives, "trials": rows,
+                          "pareto_front": [t.number for t in front],
+                          "best": best.number if best else None}, indent=2, default=str))
+        return 0
+    console = Console(width=160)
+    names = [o for o, _ in study.objectives]
+    sim = " (SIMULATED engine)" if any(t.simulated for t in trials) else ""
+    console.print(f"study [bold]{study.name}[/]{sim}: model {study.model}, SLO {study.slo}, "
+                  f"{len(trials)} trial(s), storage {args.storage}")
+    table = Table(show_lines=False)
+    for col in ("#", "role", "state", "cause", "flags", *names, "p99 TTFT ms", "p50 TPOT ms", "capacity",
+                "KV tokens", "start s"):
+        table.add_column(col, overflow="fold")
+    for t, r in zip(trials, rows):
+        flags = " ".join(t.flags) if t.flags else "(defaults)"
+        table.add_row(str(t.number), t.role, t.state + (" *" if t in front else ""), t.cause or "",
+                      flags, *[_fmt(r["objectives"].get(n)) for n in names], _fmt(r["p99_ttft_ms"]),
+                      _fmt(r["median_tpot_ms"]), _fmt(r["capacity"]), _fmt(t.kv_cache_tokens),
+                      _fmt(t.startup_seconds))
+    console.print(table)
+    for t in trials:
+        line = _telemetry_line(t)
+        why = t.detail if t.state != "ok" and t.detail else ""
+        if line or why:
+            console.print(f"  trial {t.number}: " + "; ".join(x for x in (why, line) if x))
+    if front:
+        console.print("[bold]Pareto front[/] (feasible, non-dominated; * above): " + ", ".join(
+            f"#{t.number} (" + ", ".join(f"{n}={_fmt(t.objectives[n])}" for n in names) + ")" for t in front))
+    if best is not None:
+        console.print(f"best on {names[0]}: trial {best.number}: {' '.join(best.flags) or '(defaults)'}")
+    else:
+        console.print("no feasible trial yet")
+    return 0

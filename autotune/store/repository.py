@@ -1,0 +1,173 @@
+"""Reads and writes autotune's evidence tables. One object per storage URL; every write is its own
+short transaction so that a SIGKILL at any instant leaves completed trials intact."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterator
+
+from sqlalchemy import create_engine, delete, inspect, select
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import Session
+
+from autotune.errors import UserError
+from autotune.store.models import Base, ProcessRecord, SeriesRecord, StudyRecord, TrialRecord, utcnow
+
+
+def sqlite_path(url: str) -> Path | None:
+    if url.startswith("sqlite:///"):
+        return Path(url[len("sqlite:///"):])
+    return None
+
+
+def make_engine(url: str) -> Engine:
+    try:
+        if url.startswith("sqlite"):
+            return create_engine(url, connect_args={"timeout": 30})
+        return create_engine(url, pool_pre_ping=True)
+    except Exception as e:  # bad URL, missing driver
+        raise UserError(f"storage {url!r}: {e}") from None
+
+
+def storage_exists(url: str) -> bool:
+    """Without creating anything: does this storage already hold autotune tables?"""
+    path = sqlite_path(url)
+    if path is not None and not path.is_file():
+        return False
+    try:
+        eng = make_engine(url)
+        with eng.connect() as conn:
+            return inspect(conn).has_table(StudyRecord.__tablename__)
+    except UserError:
+        raise
+    except Exception:
+        return False
+
+
+class ResultStore:
+    def __init__(self, url: str, create: bool = True):
+        self.url = url
+        path = sqlite_path(url)
+        if path is not None:
+            if not create and not path.is_file():
+                raise UserError(f"storage {url!r}: no such database file")
+            path.parent.mkdir(parents=True, exist_ok=True)
+        self.engine = make_engine(url)
+        if create:
+            Base.metadata.create_all(self.engine)
+        elif not storage_exists(url):
+            raise UserError(f"storage {url!r} holds no autotune study")
+
+    def session(self) -> Session:
+        return Session(self.engine, expire_on_commit=False)
+
+    # studies ---------------------------------------------------------------------------------------
+    def study(self, name: str) -> StudyRecord | None:
+        with self.session() as s:
+            return s.scalar(select(StudyRecord).where(StudyRecord.name == name))
+
+    def study_names(self) -> list[str]:
+        with self.session() as s:
+            return list(s.scalars(select(StudyRecord.name).order_by(StudyRecord.id)))
+
+    def resolve_study(self, name: str | None) -> StudyRecord:
+        """The named study, or the only one in the storage."""
+        names = self.study_names()
+        if name is None:
+            if len(names) == 1:
+                name = names[0]
+            elif not names:
+                raise UserError(f"storage {self.url!r} holds no study")
+            else:
+                raise UserError(f"storage holds several studies ({', '.join(names)}): pick one with --study-name")
+        rec = self.study(name)
+        if rec is None:
+            raise UserError(f"no study named {name!r} in {self.url!r} (there: {', '.join(names) or 'none'})")
+        return rec
+
+    def ensure_study(self, **fields: Any) -> StudyRecord:
+        """Create the study row, or check that an existing one tunes the same space."""
+        with self.session() as s:
+            rec = s.scalar(select(StudyRecord).where(StudyRecord.name == fields["name"]))
+            if rec is None:
+                rec = StudyRecord(**fields)
+                s.add(rec)
+                s.commit()
+                return rec
+            if rec.space_hash != fields["space_hash"]:
+                raise UserError(f"study {rec.name!r} in {self.url} was created with another search space; "
+                                f"use a new study name or storage")
+            return rec
+
+    # trials ----------------------------------------------------------------------------------------
+    def save_trial(self, study_id: int, number: int, **fields: Any) -> TrialRecord:
+        """Insert or update the evidence of one trial (a trial is written when it starts and when it ends)."""
+        with self.session() as s:
+            rec = s.scalar(select(TrialRecord).where(TrialRecord.study_id == study_id,
+                                                     TrialRecord.number == number))
+            if rec is None:
+                rec = TrialRecord(study_id=study_id, number=number, **fields)
+                s.add(rec)
+            else:
+                for k, v in fields.items():
+                    setattr(rec, k, v)
+            s.commit()
+            return rec
+
+    def trials(self, study_id: int) -> list[TrialRecord]:
+        with self.session() as s:
+            return list(s.scalars(select(TrialRecord).where(TrialRecord.study_id == study_id)
+                                  .order_by(TrialRecord.number)))
+
+    def trial(self, study_id: int, number: int) -> TrialRecord | None:
+        with self.session() as s:
+            return s.scalar(select(TrialRecord).where(TrialRecord.study_id == study_id,
+                                                      TrialRecord.number == number))
+
+    def mark_abandoned(self, study_id: int, numbers: set[int]) -> int:
+        """Trials left 'running' by a killed process are recorded as interrupted."""
+        n = 0
+        with self.session() as s:
+            for rec in s.scalars(select(TrialRecord).where(TrialRecord.study_id == study_id,
+                                                           TrialRecord.state == "running")):
+                if rec.number in numbers:
+                    rec.state, rec.cause, rec.finished_at = "interrupted", "interrupted", utcnow()
+                    rec.detail = "autotune was killed during this trial; its parameters were run again"
+                    n += 1
+            s.commit()
+        return n
+
+    # raw series ------------------------------------------------------------------------------------
+    def add_series(self, trial_id: int, kind: str, data: list[Any]) -> None:
+        with self.session() as s:
+            s.add(SeriesRecord(trial_id=trial_id, kind=kind, data=data))
+            s.commit()
+
+    def series(self, trial_id: int, kind: str) -> list[Any] | None:
+        with self.session() as s:
+            rec = s.scalar(select(SeriesRecord).where(SeriesRecord.trial_id == trial_id, SeriesRecord.kind == kind))
+            return None if rec is None else rec.data
+
+    def keep_series_only_for(self, study_id: int, trial_ids: set[int]) -> None:
+        with self.session() as s:
+            ids = select(TrialRecord.id).where(TrialRecord.study_id == study_id)
+            s.execute(delete(SeriesRecord).where(SeriesRecord.trial_id.in_(ids),
+                                                 SeriesRecord.trial_id.not_in(trial_ids)))
+            s.commit()
+
+    # launched processes ----------------------------------------------------------------------------
+    def register_process(self, **fields: Any) -> int:
+        with self.session() as s:
+            rec = ProcessRecord(**fields)
+            s.add(rec)
+            s.commit()
+            return rec.id
+
+    def forget_process(self, record_id: int) -> None:
+        with self.session() as s:
+            s.execute(delete(ProcessRecord).where(ProcessRecord.id == record_id))
+            s.commit()
+
+    def processes(self, study_name: str) -> Iterator[ProcessRecord]:
+        with self.session() as s:
+            yield from list(s.scalars(select(ProcessRecord).where(ProcessRecord.study_name == study_name)))

@@ -1,0 +1,184 @@
+"""`autotune run`: from command-line words to a validated study, then the loop.
+
+Everything that can be wrong with the input is checked here, before the database is touched or any
+engine is launched: a typo costs a one-line error, not a half-written study or a minute of GPU time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shlex
+from pathlib import Path
+from typing import Any
+
+from autotune.engine.base import Engine
+from autotune.errors import UserError
+from autotune.space import SearchSpace, flag_names, mapping_to_flags
+from autotune.spec import (StudySpec, build_spec, check_engine_command, check_model, load_spec_file,
+                           parse_duration)
+from autotune.store.repository import ResultStore, storage_exists
+from autotune.telemetry import auto_source, get_source
+from autotune.telemetry.base import TelemetrySource
+from autotune.tuner.host import nvml_gpus
+
+DEFAULT_TRIALS = 30
+CPU_DEFAULTS: dict[str, Any] = {
+    "search_space": "cpu",
+    "workload": {"kind": "random", "input_len": 128, "output_len": 64},
+    "load": {"mode": "capacity", "search": "concurrency", "max_steps": 5, "requests_per_step": 48, "warmup": 4},
+    "engine": {"extra_flags": ["--dtype", "bfloat16", "--max-model-len", "1024"]},
+}
+
+
+def _parse_gpus(text: str) -> list[int]:
+    if not re.fullmatch(r"\s*\d+(\s*,\s*\d+)*\s*", text):
+        raise UserError(f"--gpus {text!r}: give device indices such as 0 or 0,1")
+    gpus = [int(x) for x in text.split(",")]
+    if len(set(gpus)) != len(gpus):
+        raise UserError(f"--gpus {text!r}: an index repeats")
+    return gpus
+
+
+def _model_name(model: str) -> str:
+    stem = Path(model.rstrip("/")).name or "model"
+    return re.sub(r"[^A-Za-z0-9_.-]", "-", stem)[:100]
+
+
+def raw_spec(args: argparse.Namespace) -> tuple[dict[str, Any], Path | None]:
+    if args.study:
+        return load_spec_file(args.study), Path(args.study).resolve().parent
+    if Path("autotune.yaml").is_file():
+        return load_spec_file("autotune.yaml"), Path.cwd()
+    if not args.model:
+        raise UserError("nothing to tune: give --study FILE or --model MODEL (or write one with 'autotune init')")
+    raw: dict[str, Any] = {"name": f"tune-{_model_name(args.model)}", "model": args.model}
+    gpus = nvml_gpus()
+    if gpus:
+        raw["gpus"] = [g["index"] for g in gpus]
+    else:
+        raw.update({k: (dict(v) if isinstance(v, dict) else v) for k, v in CPU_DEFAULTS.items()})
+    return raw, None
+
+
+def apply_overrides(raw: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    raw = dict(raw)
+    if args.study_name:
+        raw["name"] = args.study_name
+    if args.model:
+        raw["model"] = args.model
+    if args.slo:
+        raw["slo"] = args.slo
+    if args.storage:
+        raw["storage"] = args.storage
+    if args.gpus:
+        raw["gpus"] = _parse_gpus(args.gpus)
+    engine = dict(raw.get("engine") or {})
+    if args.engine_cmd:
+        try:
+            engine["command"] = shlex.split(args.engine_cmd)
+        except ValueError as e:
+            raise UserError(f"--engine-cmd: {e}") from None
+        if not engine["command"]:
+            raise UserError("--engine-cmd is empty")
+    if engine:
+        raw["engine"] = engine
+    budget = dict(raw.get("budget") or {})
+    if args.n_trials is not None:
+        if args.n_trials < 1:
+            raise UserError("--n-trials must be at least 1")
+        budget["n_trials"] = args.n_trials
+    if args.timeout is not None:
+        budget["timeout"] = args.timeout
+    if budget:
+        raw["budget"] = budget
+    return raw
+
+
+def build_engine(spec: StudySpec, command: list[str]) -> Engine:
+    if spec.engine.kind == "sim":
+        from autotune.engine.sim import SimEngine
+        if not spec.engine.gpu:
+            raise UserError("engine sim needs engine.gpu (e.g. H100)")
+        return SimEngine(spec.engine.gpu, spec.engine.num_gpus, time_scale=spec.engine.time_scale, seed=spec.seed)
+    from autotune.engine.vllm import VLLMEngine
+    return VLLMEngine(command)
+
+
+def telemetry_for(spec: StudySpec) -> TelemetrySource:
+    if spec.telemetry.source == "auto":
+        return auto_source(spec.engine.kind, spec.gpus)
+    return get_source(spec.telemetry.source)
+
+
+def check_objectives(spec: StudySpec, source: TelemetrySource) -> None:
+    if "tokens_per_joule" in spec.objectives and source.name not in ("nvml", "sim"):
+        raise UserError(f"objective tokens_per_joule needs energy readings (telemetry nvml or sim), "
+                        f"not {source.name!r}")
+    if "mem_headroom" in spec.objectives and source.name == "none":
+        raise UserError("objective mem_headroom needs telemetry (nvml, cpu or sim)")
+    if "capacity_tps" in spec.objectives and spec.load.mode != "capacity":
+        raise UserError("objective capacity_tps needs load.mode: capacity")
+
+
+def prepare(args: argparse.Namespace) -> dict[str, Any]:
+    raw, base_dir = raw_spec(args)
+    spec = build_spec(apply_overrides(raw, args), args.study or "spec")
+    check_model(spec)
+    command = check_engine_command(spec)
+    space = SearchSpace.load(spec.search_space, base_dir).narrowed(spec.num_gpus, spec.quality_opt_in)
+    if not space.params:
+        raise UserError("the search space has nothing left to tune on this host")
+    if spec.baseline:
+        unknown = [k for k in spec.baseline if not re.fullmatch(r"[a-z][a-z0-9_]*", str(k))]
+        if unknown:
+            raise UserError(f"baseline: {unknown[0]!r} is not a flag name like gpu_memory_utilization")
+    source = telemetry_for(spec)
+    check_objectives(spec, source)
+    timeout_s = parse_duration(spec.budget.timeout) if spec.budget.timeout is not None else None
+    n_trials = spec.budget.n_trials or DEFAULT_TRIALS
+    if storage_exists(spec.storage_url):
+        existing = ResultStore(spec.storage_url, create=False).study(spec.name)
+        if existing is not None and existing.space_hash != space.fingerprint():
+            raise UserError(f"study {spec.name!r} in {spec.storage_url} was created with another search space; "
+                            f"use a new study name or storage")
+    engine = build_engine(spec, command)
+    fixed = [*spec.engine.extra_flags, *space.fixed_flags]
+    unknown = engine.unknown_flags(flag_names([*fixed, *space.flag_names(),
+                                               *mapping_to_flags(spec.baseline or {})]))
+    if unknown:
+        raise UserError(f"the engine does not know flag(s) {', '.join(unknown)} (checked against its --help)")
+    return dict(spec=spec, space=space, engine=engine, telemetry=source, n_trials=n_trials, timeout_s=timeout_s,
+                fixed_flags=fixed, engine_command=command, predict=_predictor(spec))
+
+
+def _predictor(spec: StudySpec) -> Any:
+    """The free feasibility prior: the memory model, when it knows the model and the GPU."""
+    from autotune.perfmodel import predict_launch
+
+    if spec.engine.kind == "sim":
+        gpu, num = spec.engine.gpu, spec.engine.num_gpus
+    else:
+        gpus = [g for g in nvml_gpus() if g["index"] in spec.gpus]
+        if not gpus:
+            return None
+        gpu, num = gpus[0]["name"], len(gpus)
+    return lambda flags: predict_launch(spec.model, flags, gpu, num)
+
+
+def run_command(args: argparse.Namespace) -> int:
+    from autotune.tuner.study import StudyLoop
+
+    parts = prepare(args)
+    loop = StudyLoop(**parts, live=False if args.no_progress else None)
+    result = loop.run()
+    spec: StudySpec = parts["spec"]
+    msg = (f"study {spec.name}: {result.complete} complete trial(s), {result.feasible} feasible; "
+           f"storage {spec.storage_url}")
+    if result.stopped_by:
+        msg += f"; stopped by {result.stopped_by} (run the same command to resume)"
+    print(msg)
+    if result.stopped_by in ("SIGINT", "SIGTERM"):
+        return 130 if result.stopped_by == "SIGINT" else 143
+    return 0
+

@@ -1,0 +1,118 @@
+"""Read a vLLM server log: what it said about itself at startup, and why it died.
+
+vLLM's wording moves between releases (0.24 on GPUs, 0.32 on the CPU build use different module
+names, "GPU"/"CPU" prefixes, thousands separators), so every pattern here matches the stable core of
+the message and tolerates the rest. The failure patterns are ordered from most to least specific:
+a log usually holds several error lines (the root cause in EngineCore, then the API server's
+"Engine core initialization failed"), and the root cause must win.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from autotune import causes
+
+_NUM = r"([0-9][0-9,]*(?:\.[0-9]+)?)"
+
+_STARTUP_PATTERNS: dict[str, re.Pattern[str]] = {
+    "kv_cache_tokens": re.compile(r"(?:GPU|CPU|XPU|TPU)?\s*KV cache size:\s*" + _NUM + r"\s*tokens", re.I),
+    "max_concurrency": re.compile(r"Maximum concurrency for\s*[0-9,]+\s*tokens per request:\s*" + _NUM + r"\s*x", re.I),
+    "init_engine_seconds": re.compile(r"init engine \([^)]*\) took\s*" + _NUM + r"\s*s", re.I),
+    "model_memory_gib": re.compile(r"Model loading took\s*" + _NUM + r"\s*GiB", re.I),
+    "graph_capture_seconds": re.compile(r"Graph capturing finished in\s*" + _NUM + r"\s*sec", re.I),
+}
+_VERSION_PATTERNS = (
+    re.compile(r"\bversion\s+v?([0-9]+\.[0-9]+\.[0-9]+[\w.+-]*)"),          # banner, 0.2x+
+    re.compile(r"Initializing a V1 LLM engine \(v([0-9]+\.[0-9]+\.[0-9]+[\w.+-]*)\)"),
+    re.compile(r"vLLM API server version\s+v?([0-9]+\.[0-9]+\.[0-9]+[\w.+-]*)"),  # older releases
+)
+
+
+def _number(text: str) -> float:
+    return float(text.replace(",", ""))
+
+
+def parse_startup(text: str) -> dict[str, Any]:
+    """Figures vLLM prints while starting; keys of StartupInfo, absent when the log lacks them.
+
+    The first occurrence wins: later lines (a second engine under data parallelism) repeat them.
+    """
+    found: dict[str, Any] = {}
+    for key, pattern in _STARTUP_PATTERNS.items():
+        match = pattern.search(text)
+        if match:
+            value = _number(match.group(1))
+            found[key] = int(value) if key == "kv_cache_tokens" else value
+    for pattern in _VERSION_PATTERNS:
+        match = pattern.search(text)
+        if match:
+            found["engine_version"] = match.group(1)
+            break
+    return found
+
+
+# (cause, pattern). The detail quotes the matched line, so the pattern only has to find it.
+_FAILURES: tuple[tuple[str, re.Pattern[str]], ...] = (
+    # argparse: "prog: error: unrecognized arguments: ...", "prog: error: argument --x: invalid ..."
+    (causes.BAD_FLAG, re.compile(r"(?:^|\s)\S+: error: (?:unrecognized arguments|argument |the following arguments).*", re.M)),
+    # pydantic config validation (max-model-len above the model's, batched tokens below max seqs, ...)
+    (causes.BAD_FLAG, re.compile(r"\d+ validation errors? for \w*Config.*\n(?:.*\n)?.*", re.I)),
+    (causes.STARTUP_OOM, re.compile(r"Free memory on device.*less than desired GPU memory utilization.*", re.I)),
+    (causes.STARTUP_OOM, re.compile(r"Available memory on node.*less than desired CPU memory utilization.*", re.I)),
+    (causes.KV_TOO_SMALL, re.compile(r"To serve at least one request with the model'?s'? max seq len.*", re.I)),
+    (causes.KV_TOO_SMALL, re.compile(r"No available memory for the cache blocks.*", re.I)),
+    (causes.KV_TOO_SMALL, re.compile(r"insufficient KV cache memory.*|KV cache is needed, which is larger than.*", re.I)),
+)
+_OOM = re.compile(r"(?:CUDA|HIP|XPU)? ?out of memory.*|OutOfMemoryError.*|Cannot allocate memory.*", re.I)
+_READY = re.compile(r"Application startup complete|Starting vLLM (?:API )?server on", re.I)
+# A line that names the error when nothing more specific matched.
+_GENERIC = re.compile(
+    r"^(?:\(\w+ pid=\d+\)\s*)?(?:ERROR [^\]]*\]\s*)?"
+    r"((?:[\w.]+(?:Error|Exception)|RuntimeError|ValueError|Killed|Segmentation fault)\b.*)$",
+    re.M,
+)
+_PREFIX = re.compile(r"^\(\w+ pid=\d+\)\s*(?:(?:ERROR|WARNING|INFO) [^\]]*\]\s*)?")
+_SIGNALS = {9: "SIGKILL (killed, often the kernel OOM killer)", 11: "SIGSEGV", 6: "SIGABRT", 15: "SIGTERM"}
+
+
+def _one_line(text: str, limit: int = 300) -> str:
+    """Strip vLLM's "(Proc pid=N) LEVEL date [file]" prefixes and join continuation lines."""
+    parts = [_PREFIX.sub("", line.strip()).strip() for line in text.strip().splitlines()]
+    line = " | ".join(p for p in parts if p)
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def _exit_words(exit_code: int | None) -> str:
+    if exit_code is None:
+        return "no exit code"
+    if exit_code < 0:
+        return f"killed by {_SIGNALS.get(-exit_code, f'signal {-exit_code}')}"
+    return f"exit code {exit_code}"
+
+
+def classify_failure(text: str, exit_code: int | None) -> tuple[str, str]:
+    """(cause, one-line detail quoting vLLM) for a server that exited or was found dead.
+
+    Before readiness a memory error is a startup OOM; after "Application startup complete" it is a
+    runtime OOM, as is a SIGKILL after readiness (the kernel's OOM killer leaves no log line).
+    """
+    for cause, pattern in _FAILURES:
+        match = pattern.search(text)
+        if match:
+            return cause, _one_line(match.group(0))
+    ready = _READY.search(text)
+    oom = _OOM.search(text)
+    if oom:
+        after_ready = ready is not None and oom.start() > ready.start()
+        return (causes.RUNTIME_OOM if after_ready else causes.STARTUP_OOM), _one_line(oom.group(0))
+    if ready is not None and exit_code is not None and exit_code == -9:
+        return causes.RUNTIME_OOM, f"{_exit_words(exit_code)} after the server was ready"
+    errors = _GENERIC.findall(text)
+    detail = _one_line(errors[-1]) if errors else "no error line in the log"
+    # A normal shutdown prints EngineDeadError; it is never the root cause worth quoting first.
+    real = [e for e in errors if "EngineDeadError" not in e and "Engine core initialization failed" not in e]
+    if real:
+        detail = _one_line(real[0])
+    return causes.CRASH, f"{detail} ({_exit_words(exit_code)})"

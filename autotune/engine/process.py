@@ -1,0 +1,216 @@
+"""Process hygiene for servers the tuner starts: own group, log file, parent-death signal, clean stop.
+
+vLLM forks an EngineCore and worker processes; a SIGTERM to the API server alone can leave them
+holding memory. So every server gets its own process group (and session), and stopping means
+signalling the whole group and then waiting until no member is left. Members that escaped the group
+(setsid in a child) are still found as psutil descendants of the leader, snapshotted before the signal.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Mapping, Sequence
+
+import psutil
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _parent_death_signal() -> None:
+    """Run in the child before exec: die with SIGTERM when the tuner dies, even by SIGKILL.
+
+    Linux only; elsewhere the child simply lacks this guard (kill_leftovers still covers it).
+    """
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    except OSError:
+        pass
+
+
+@dataclass(frozen=True)
+class ProcessRecord:
+    """Enough to find a process again after a crash, and to be sure it is the same one."""
+
+    pid: int
+    pgid: int
+    create_time: float
+
+
+def spawn(argv: Sequence[str], log_path: Path, env: Mapping[str, str] | None = None,
+          cwd: Path | None = None) -> subprocess.Popen[bytes]:
+    """Start argv in a new session (so its own process group), stdout+stderr appended to log_path."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log:
+        return subprocess.Popen(
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=dict(env) if env is not None else None,
+            cwd=cwd,
+            start_new_session=True,
+            preexec_fn=_parent_death_signal,
+        )
+
+
+def record_of(pid: int) -> ProcessRecord:
+    """The (pid, pgid, create_time) triple the runner stores for kill_leftovers."""
+    return ProcessRecord(pid=pid, pgid=os.getpgid(pid), create_time=psutil.Process(pid).create_time())
+
+
+def _group_members(pgid: int) -> list[psutil.Process]:
+    members = []
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if os.getpgid(proc.pid) == pgid:
+                members.append(proc)
+        except (ProcessLookupError, PermissionError, psutil.Error):
+            continue
+    return members
+
+
+def _alive(procs: Iterable[psutil.Process]) -> list[psutil.Process]:
+    alive = []
+    for proc in procs:
+        try:
+            if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                alive.append(proc)
+        except psutil.Error:
+            continue
+    return alive
+
+
+def _signal_all(pgid: int, procs: Iterable[psutil.Process], sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+    for proc in procs:  # descendants that left the group
+        try:
+            proc.send_signal(sig)
+        except psutil.Error:
+            pass
+
+
+def _descendants(proc: psutil.Process) -> list[psutil.Process]:
+    try:
+        return [proc] + proc.children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def _stop(pgid: int, seeds: list[psutil.Process], grace_s: float, popen: subprocess.Popen[bytes] | None) -> None:
+    if pgid == os.getpgid(0):
+        raise ValueError(f"refusing to signal our own process group {pgid}")
+    procs: dict[int, psutil.Process] = {p.pid: p for p in _group_members(pgid)}
+    for seed in seeds:
+        for proc in _descendants(seed):
+            procs.setdefault(proc.pid, proc)
+    everyone = list(procs.values())
+    _signal_all(pgid, everyone, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    killed = False
+    while True:
+        if popen is not None:
+            popen.poll()  # reap the leader, or it lingers as a zombie
+        # Members may fork while shutting down; pick them up too.
+        known = {p.pid for p in everyone}
+        everyone = _alive(everyone + [p for p in _group_members(pgid) if p.pid not in known])
+        if not everyone:
+            break
+        if time.monotonic() >= deadline:
+            if killed:
+                break  # unkillable (D state): give up rather than hang the study
+            _signal_all(pgid, everyone, signal.SIGKILL)
+            killed = True
+            deadline = time.monotonic() + 10.0
+        time.sleep(0.1)
+    if popen is not None:
+        try:
+            popen.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def stop_group(pid: int, pgid: int, grace_s: float = 15.0, popen: subprocess.Popen[bytes] | None = None) -> None:
+    """SIGTERM the group, SIGKILL what is left after grace_s; return once every member is gone.
+
+    Descendants of pid that left the group (setsid in a child) are snapshotted and signalled too.
+    Pass `popen` when this process is the parent, so the leader is reaped rather than left a zombie.
+    """
+    try:
+        seeds = [psutil.Process(pid)]
+    except psutil.Error:
+        seeds = []
+    _stop(pgid, seeds, grace_s, popen)
+
+
+def kill_leftovers(records: Iterable[ProcessRecord | tuple[int, int, float]],
+                   grace_s: float = 10.0) -> list[ProcessRecord]:
+    """Stop the groups of servers a killed tuner left behind; returns the records it stopped.
+
+    The leader is signalled only when its create_time matches the record (PIDs get reused). A leader
+    that is gone may have left orphans in its group (an EngineCore); those are stopped when they were
+    created after the leader was: a process group id cannot be reused while any member is alive.
+    """
+    stopped = []
+    for rec in records:
+        record = rec if isinstance(rec, ProcessRecord) else ProcessRecord(*rec)
+        seeds: list[psutil.Process] = []
+        try:
+            proc = psutil.Process(record.pid)
+            if abs(proc.create_time() - record.create_time) >= 0.05:
+                continue  # the pid (and so the group id) now belongs to someone else
+            if proc.status() != psutil.STATUS_ZOMBIE:
+                seeds = [proc]
+        except psutil.Error:
+            pass
+        members = [p for p in _alive(_group_members(record.pgid)) if _created_after(p, record.create_time)]
+        if record.pgid == os.getpgid(0) or not (seeds or members):
+            continue
+        _stop(record.pgid, seeds + members, grace_s, None)
+        stopped.append(record)
+    return stopped
+
+
+def _created_after(proc: psutil.Process, t: float) -> bool:
+    try:
+        return proc.create_time() >= t - 0.05
+    except psutil.Error:
+        return False
+
+
+def find_free_port(host: str = "127.0.0.1") -> int:
+    """A port the OS says is free now (a race remains until the server binds; the runner retries)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def port_free(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
+def wait_port_free(port: int, timeout: float = 30.0, host: str = "127.0.0.1") -> bool:
+    """True once nothing listens on port; False at timeout (the caller decides whether that is fatal)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if port_free(port, host):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.2)

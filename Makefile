@@ -1,0 +1,37 @@
+# autotune: `make run` runs the CPU demo study end to end; `make test` runs the whole suite.
+# Everything installs into .venv/ at the repository root, vLLM's CPU build included.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+DEMO   := models/demo
+DB     := sqlite:///studies/demo-cpu.db
+
+.PHONY: setup demo-model run test test-fast clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet -e '.[cpu,dev]'
+	# PyPI's torchvision/torchaudio/torchcodec break `import transformers` beside the CPU torch build
+	$(PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec || true
+	touch $(STAMP)
+
+demo-model: $(STAMP)
+	$(BIN)/autotune demo-model $(DEMO)
+
+run: demo-model
+	$(BIN)/autotune run --study studies/demo-cpu.yaml --no-progress
+	$(BIN)/autotune show --storage $(DB)
+	$(BIN)/autotune export --storage $(DB) --format vllm-yaml -o studies/demo-cpu-best.yaml
+
+test: demo-model
+	$(PY) -m pytest -q -p no:cacheprovider
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider -m "not e2e and not vllm"
+
+clean:
+	rm -rf $(VENV) $(DEMO) studies/*.db studies/*-logs

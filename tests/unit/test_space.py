@@ -1,0 +1,107 @@
+import optuna
+import pytest
+
+from autotune.errors import UserError
+from autotune.space import SearchSpace, flags_to_mapping, mapping_to_flags, violations
+
+SPACE = {
+    "params": {
+        "max_num_seqs": {"type": "int", "low": 8, "high": 512, "log": True, "default": 256},
+        "max_num_batched_tokens": {"type": "int", "low": 512, "high": 8192, "step": 512},
+        "gpu_memory_utilization": {"type": "float", "low": 0.8, "high": 0.95, "step": 0.05, "default": 0.9},
+        "enable_chunked_prefill": {"type": "bool", "default": True},
+        "tensor_parallel_size": {"type": "categorical", "choices": [1, 2, 4], "default": 1, "requires_gpus": 2},
+        "enable_expert_parallel": {"type": "bool", "default": False, "when": {"tensor_parallel_size": [2, 4]}},
+        "kv_cache_dtype": {"type": "categorical", "choices": ["auto", "fp8"], "quality": True},
+        "quantization": {"type": "categorical", "choices": ["none", "fp8"], "default": "none"},
+    },
+    "fixed": {"max_model_len": 4096, "enforce_eager": True},
+}
+
+
+def test_render_booleans_and_none_choice():
+    space = SearchSpace.from_mapping(SPACE, "t")
+    flags = space.render({"enable_chunked_prefill": False, "quantization": "none", "max_num_seqs": 64,
+                          "gpu_memory_utilization": 0.85})
+    assert flags == ["--no-enable-chunked-prefill", "--max-num-seqs", "64", "--gpu-memory-utilization", "0.85"]
+    assert space.render({"enable_chunked_prefill": True}) == ["--enable-chunked-prefill"]
+    assert space.fixed_flags == ["--max-model-len", "4096", "--enforce-eager"]
+
+
+def test_narrowing_drops_gpu_and_quality_knobs():
+    one = SearchSpace.from_mapping(SPACE, "t").narrowed(1, False)
+    assert "tensor_parallel_size" not in one.params and "enable_expert_parallel" not in one.params
+    assert "kv_cache_dtype" not in one.params
+    two = SearchSpace.from_mapping(SPACE, "t").narrowed(2, ["kv_cache_dtype"])
+    assert two.params["tensor_parallel_size"].choices == (1, 2)
+    assert "kv_cache_dtype" in two.params
+    assert one.fingerprint() != two.fingerprint()
+
+
+def test_conditional_param_sampled_only_when_active():
+    space = SearchSpace.from_mapping(SPACE, "t").narrowed(4, False)
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1))
+    seen_tp = set()
+    for _ in range(40):
+        trial = study.ask()
+        params = space.suggest(trial)
+        seen_tp.add(params["tensor_parallel_size"])
+        assert ("enable_expert_parallel" in params) == (params["tensor_parallel_size"] > 1)
+        assert 8 <= params["max_num_seqs"] <= 512 and params["max_num_batched_tokens"] % 512 == 0
+        study.tell(trial, 0.0)
+    assert seen_tp == {1, 2, 4}
+
+
+def test_baseline_params_are_known_defaults_only():
+    space = SearchSpace.from_mapping(SPACE, "t").narrowed(1, False)
+    assert space.baseline_params() == {"max_num_seqs": 256, "gpu_memory_utilization": 0.9,
+                                       "enable_chunked_prefill": True, "quantization": "none"}
+
+
+def test_known_constraints():
+    assert violations({"max_num_seqs": 256, "max_num_batched_tokens": 128}, 1) == [
+        "max_num_batched_tokens (128) < max_num_seqs (256)"]
+    out = violations({"max_num_batched_tokens": "2048", "max_model_len": "4096", "enable_chunked_prefill": False}, 1)
+    assert out and "chunked prefill off" in out[0]
+    assert violations({"max_num_batched_tokens": 2048, "max_model_len": 4096, "enable_chunked_prefill": True}, 1) == []
+    assert "8 GPUs > 4 given" in violations({"tensor_parallel_size": 4, "data_parallel_size": 2}, 4)[0]
+    space = SearchSpace.from_mapping(SPACE, "t").narrowed(1, False)
+    assert space.violations({"max_num_batched_tokens": 1024, "enable_chunked_prefill": False},
+                            space.fixed_flags, 1)
+
+
+def test_flag_list_round_trip():
+    flags = ["--max-model-len", "1024", "--enforce-eager", "--no-enable-prefix-caching", "--dtype=bfloat16"]
+    m = flags_to_mapping(flags)
+    assert m == {"max_model_len": "1024", "enforce_eager": True, "enable_prefix_caching": False, "dtype": "bfloat16"}
+    assert mapping_to_flags({"enforce_eager": True, "enable_prefix_caching": False, "max_model_len": 1024}) == [
+        "--enforce-eager", "--no-enable-prefix-caching", "--max-model-len", "1024"]
+
+
+def test_every_emitted_flag_is_listed_for_the_help_check():
+    space = SearchSpace.from_mapping(SPACE, "t")
+    names = space.flag_names()
+    assert "--enable-chunked-prefill" in names and "--no-enable-chunked-prefill" in names
+
+
+@pytest.mark.parametrize("bad,needle", [
+    ({"params": {"x": {"type": "int", "low": 5, "high": 1}}}, "above high"),
+    ({"params": {"x": {"type": "float", "low": 0, "high": 1, "log": True}}}, "log range"),
+    ({"params": {"x": {"type": "weird"}}}, "type must be"),
+    ({"params": {"x": {"type": "int", "low": 1, "high": 2, "bogus": 1}}}, "unknown key"),
+    ({"params": {"x": {"type": "bool", "when": {"y": [1]}}}}, "unknown param"),
+    ({"params": {}}, "non-empty"),
+    ({"params": {"x": {"type": "categorical", "choices": []}}}, "non-empty list"),
+])
+def test_bad_spaces_are_one_line_errors(bad, needle):
+    with pytest.raises(UserError) as e:
+        SearchSpace.from_mapping(bad, "t")
+    assert needle in str(e.value)
+
+
+def test_shipped_spaces_load():
+    for name in ("default", "cpu"):
+        space = SearchSpace.load(name)
+        assert space.params
+    with pytest.raises(UserError, match="not found"):
+        SearchSpace.load("no-such-space")

@@ -25,14 +25,12 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
-def _telemetry_line(t: TrialRecord) -> str:
+def _telemetry_line(study: StudyRecord, t: TrialRecord) -> str:
     if not t.telemetry:
         return ""
-    try:
-        from autotune.telemetry import format_stored
-        return format_stored(t.telemetry)
-    except Exception:
-        return ""
+    from autotune.telemetry import format_summary
+    margin = ((study.spec or {}).get("telemetry") or {}).get("headroom_margin")
+    return format_summary(t.telemetry, margin=margin)
 
 
 def trial_rows(study: StudyRecord, trials: list[TrialRecord]) -> list[dict[str, Any]]:
@@ -84,7 +82,7 @@ def show_command(args: argparse.Namespace) -> int:
                       _fmt(t.startup_seconds))
     console.print(table)
     for t in trials:
-        line = _telemetry_line(t)
+        line = _telemetry_line(study, t)
         why = t.detail if t.state != "ok" and t.detail else ""
         if line or why:
             console.print(f"  trial {t.number}: " + "; ".join(x for x in (why, line) if x))

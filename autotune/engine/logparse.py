@@ -61,7 +61,7 @@ _FAILURES: tuple[tuple[str, re.Pattern[str]], ...] = (
     (causes.BAD_FLAG, re.compile(r"\d+ validation errors? for \w*Config.*\n(?:.*\n)?.*", re.I)),
     (causes.STARTUP_OOM, re.compile(r"Free memory on device.*less than desired GPU memory utilization.*", re.I)),
     (causes.STARTUP_OOM, re.compile(r"Available memory on node.*less than desired CPU memory utilization.*", re.I)),
-    (causes.KV_TOO_SMALL, re.compile(r"To serve at least one request with the model'?s'? max seq len.*", re.I)),
+    (causes.KV_TOO_SMALL, re.compile(r"To serve at least one request with the model\S* max seq len.*", re.I)),
     (causes.KV_TOO_SMALL, re.compile(r"No available memory for the cache blocks.*", re.I)),
     (causes.KV_TOO_SMALL, re.compile(r"insufficient KV cache memory.*|KV cache is needed, which is larger than.*", re.I)),
 )

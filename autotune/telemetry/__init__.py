@@ -57,7 +57,7 @@ def auto_source(engine_kind: str, gpus: Sequence[int]) -> TelemetrySource:
 
 
 __all__ = [
-    "SOURCES", "Sampler", "TelemetrySource", "TelemetrySummary", "TelemetryTarget", "MetricsScraper",
+    "SOURCES", "CpuSource", "NoneSource", "NvmlSource", "SimSource", "Sampler", "TelemetrySource", "TelemetrySummary", "TelemetryTarget", "MetricsScraper",
     "VllmReading", "auto_source", "format_summary", "get_source", "headroom_violation", "objectives",
     "parse_prometheus", "series_for_store", "summary_for_store", "summary_from_store",
 ]

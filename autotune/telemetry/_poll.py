@@ -60,12 +60,14 @@ class PollingSampler(Sampler):
         self._reads = 0
         self._summary: TelemetrySummary | None = None
         self.error: str | None = None
+        self.started_at: float | None = None   # time.monotonic() of t=0 in the series
 
     def start(self) -> None:
         if self._thread is not None or self._summary is not None:
             raise RuntimeError("a sampler runs once; make a new one per load step")
         self.probe.open()
         self._t0 = time.monotonic()
+        self.started_at = self._t0
         self._thread = threading.Thread(target=self._run, name=f"autotune-telemetry-{self.probe.source}",
                                         daemon=True)
         self._thread.start()

@@ -41,9 +41,9 @@ def placeholder_values(objectives: Sequence[str], history: Iterable[Sequence[flo
     for i, name in enumerate(objectives):
         column = [v[i] for v in seen]
         if OBJECTIVES[name] == "maximize":
-            out.append(min(column + [0.0]))
+            out.append(min(column) if column else 0.0)
         else:
-            out.append(max(column + [1e9]) if not column else max(column) * 2 + 1.0)
+            out.append(max(column) if column else 1e9)
     return out
 
 

@@ -17,7 +17,7 @@ class Progress:
         self.study = study
         self.objectives = objectives
         self.budget = budget
-        self.console = Console(stderr=True)
+        self.console = Console(stderr=True, soft_wrap=True)
         self.live_enabled = sys.stderr.isatty() if live is None else live
         self.rows: list[tuple[str, ...]] = []
         self.status = "starting"
@@ -54,13 +54,13 @@ class Progress:
         self.current = f"trial {number} ({role}, {complete}/{self.budget} done)"
         self.status = " ".join(flags) or "(engine defaults)"
         if self._live is None:
-            self.console.print(f"[trial {number}] {role}: {self.status}")
+            self._plain(f"[trial {number}] {role}: {self.status}")
         self._refresh()
 
     def phase(self, text: str) -> None:
         self.status = text
         if self._live is None:
-            self.console.print(f"  {text}")
+            self._plain(f"  {text}")
         self._refresh()
 
     def trial_finished(self, number: int, role: str, state: str, values: dict[str, float] | None,
@@ -69,8 +69,12 @@ class Progress:
         self.rows.append((str(number), role, state, *cells, note))
         if self._live is None:
             shown = ", ".join(f"{o}={c}" for o, c in zip(self.objectives, cells))
-            self.console.print(f"[trial {number}] {state}: {shown} {note}".rstrip())
+            self._plain(f"[trial {number}] {state}: {shown} {note}".rstrip())
         self._refresh()
 
     def message(self, text: str) -> None:
-        self.console.print(text)
+        self._plain(text)
+
+    def _plain(self, text: str) -> None:
+        """Flags and trial tags contain brackets; they are text, not rich markup."""
+        self.console.print(text, markup=False, highlight=False)

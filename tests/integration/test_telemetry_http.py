@@ -1,0 +1,104 @@
+"""Samplers against a real HTTP server on loopback: the simulator's `/sim/telemetry` and a
+vLLM-style `/metrics`, both advancing while the sampler runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Iterator
+
+import pytest
+
+from autotune.telemetry import TelemetryTarget, format_summary, get_source, objectives
+
+TIME_SCALE = 10.0         # the simulated clock runs 10x faster than the wall clock
+SIM_POWER_W = (400.0, 250.0, 600.0)
+
+
+class FakeServer(BaseHTTPRequestHandler):
+    t0 = time.monotonic()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        elapsed = time.monotonic() - self.t0
+        if self.path == "/metrics":
+            body = (f'vllm:num_requests_running{{model_name="m"}} {min(64, int(elapsed * 100))}\n'
+                    f'vllm:num_requests_waiting{{model_name="m"}} {int(elapsed * 10) % 5}\n'
+                    f'vllm:kv_cache_usage_perc{{model_name="m"}} {min(0.9, elapsed)}\n'
+                    f'vllm:num_preemptions_total{{model_name="m"}} {100 + int(elapsed * 20)}\n'
+                    f'vllm:prefix_cache_queries_total{{model_name="m"}} {1000 + int(elapsed * 1000)}\n'
+                    f'vllm:prefix_cache_hits_total{{model_name="m"}} {500 + int(elapsed * 250)}\n').encode()
+            ctype = "text/plain; version=0.0.4"
+        elif self.path == "/sim/telemetry":
+            sim_t = elapsed * TIME_SCALE
+            body = json.dumps({"simulated": True, "time_s": sim_t, "gpus": [
+                {"index": i, "power_w": p, "energy_mj": 1e6 + p * sim_t * 1000, "util_pct": 90.0,
+                 "mem_util_pct": 40.0, "mem_used_mib": 70_000.0 + 1000 * i, "mem_total_mib": 81_559.0,
+                 "sm_clock_mhz": 1980.0, "temp_c": 60.0} for i, p in enumerate(SIM_POWER_W)]}).encode()
+            ctype = "application/json"
+        else:
+            self.send_error(404)
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+@pytest.fixture
+def server_url() -> Iterator[str]:
+    FakeServer.t0 = time.monotonic()
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), FakeServer)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+    httpd.server_close()
+    thread.join()
+
+
+def test_sim_source_over_http(server_url: str) -> None:
+    sampler = get_source("sim").sampler(TelemetryTarget(server_pid=None, gpus=[0, 2], server_url=server_url), hz=20)
+    sampler.start()
+    time.sleep(1.2)
+    s = sampler.stop()
+    assert s.source == "sim" and s.simulated and s.gpus == [0, 2] and s.samples >= 15
+    assert s.mean_power_w == pytest.approx(1000.0)                      # GPUs 0 and 2 only
+    # energy is counted on the simulator's clock, so its rate is the simulated power, not 10x it
+    assert s.energy_method == "counter" and s.energy_j / s.energy_window_s == pytest.approx(1000.0, rel=0.01)
+    assert s.energy_window_s == pytest.approx(TIME_SCALE * 1.1, rel=0.15)
+    assert (s.peak_mem_used_mib, s.mem_total_mib) == (72_000.0, 81_559.0)
+    # vLLM's metrics from the same server, at the scrape's own rate
+    assert s.max_running == 64 and 80 <= s.peak_kv_usage_pct <= 90
+    assert 15 <= s.preemptions <= 30                                    # ~20/s over ~1.2 s, this window only
+    assert s.prefix_cache_hit_rate == pytest.approx(0.25, abs=0.03)
+    assert any("kv_usage_pct" in r for r in s.series) and any("power_w" in r for r in s.series)
+    obj = objectives(s, output_tokens=12_000, duration_s=1.2, num_gpus=2, output_tps=10_000.0)
+    assert obj["tokens_per_joule"] == pytest.approx(10.0, rel=0.01)
+    assert format_summary(s).endswith("simulated") and "preemptions" in format_summary(s)
+
+
+def test_cpu_source_with_metrics_scrape(server_url: str) -> None:
+    sampler = get_source("cpu").sampler(TelemetryTarget(server_pid=os.getpid(), server_url=server_url), hz=20)
+    sampler.start()
+    deadline = time.monotonic() + 0.8
+    while time.monotonic() < deadline:                                 # keep this process busy
+        sum(range(10_000))
+    s = sampler.stop()
+    assert s.source == "cpu" and s.cpu_pct_mean > 10 and s.rss_peak_mib > 10
+    assert s.peak_kv_usage_pct is not None and s.max_running is not None
+
+
+def test_sim_server_gone_is_marked_not_fatal() -> None:
+    sampler = get_source("sim").sampler(TelemetryTarget(gpus=[0], server_url="http://127.0.0.1:9"), hz=20)
+    sampler.start()
+    time.sleep(0.3)
+    s = sampler.stop()
+    assert s.samples == 0 and s.mean_power_w is None and "not read" in (s.note or "")
+    assert s.preemptions is None

@@ -75,3 +75,11 @@ class CapacityResult:
     at_capacity: Measurement | None
     steps: list[LoadStep] = field(default_factory=list)
     cache_reset: bool = True   # False when the server had no /reset_prefix_cache (404)
+    note: str = ""             # caveats a person should read beside the number (client saturated, ...)
+
+    def to_json(self, with_records: bool = False) -> dict[str, Any]:
+        return {"mode": self.mode, "capacity": self.capacity, "cache_reset": self.cache_reset, "note": self.note,
+                "steps": [{"load": s.load, "slo_met": s.slo_met, "aborted_early": s.measurement.aborted_early,
+                           **{k: v for k, v in s.measurement.to_json(with_records=False).items()}}
+                          for s in self.steps],
+                "at_capacity": None if self.at_capacity is None else self.at_capacity.to_json(with_records)}

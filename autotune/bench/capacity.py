@@ -1,0 +1,171 @@
+"""Capacity under the SLO: the highest load at which every SLO term still holds, found in a few steps.
+
+A probe at one stream measures the server's unloaded speed; from it the next load is a guess scaled by
+the headroom the probe left. While every step passes, the next load extrapolates the worst term's
+relative margin (measured / limit - 1) linearly through the last two steps; latency curves bend upward
+with load, so the line overshoots and a failing step brackets the crossing quickly. Inside the bracket,
+the secant (regula falsi) picks the next load, kept away from the bracket's ends so that a bent curve
+cannot stall it on one side. A step that clearly breaks the SLO is cut short (abort.py), and the prefix
+cache is reset before each step so one step's cache hits do not flatter the next.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import aiohttp
+
+from autotune.bench.metrics import slo_margins
+from autotune.bench.results import CapacityResult, LoadStep, Measurement
+from autotune.bench.runner import run_load
+from autotune.bench.workloads import Workload
+from autotune.errors import UserError
+from autotune.slo import SLO
+
+PROBE_REQUESTS = 20        # single-stream speed settles within a few requests; more only costs time
+MARGIN_CAP = 1.0           # an aborted step's margin is a lower bound; beyond 2x the limit it says little
+DEFAULT_TOLERANCE = 0.03   # stop once the bracket is this narrow relative to its lower end
+GUARD = 0.1                # fraction of the bracket kept clear at each end
+
+
+def relative_margin(step: LoadStep, slo: SLO) -> float:
+    """Worst term's measured / limit - 1 (<= 0 where met), from the step's own records."""
+    margins = slo_margins(step.measurement.records, slo)
+    limits = {t.key: t.limit_ms for t in slo.terms}
+    return min(MARGIN_CAP, max(margins[k] / limits[k] for k in margins))
+
+
+async def reset_prefix_cache(base_url: str) -> bool:
+    """True when the server reset its prefix cache; False on 404 (vLLM without VLLM_SERVER_DEV_MODE=1)
+    or any other refusal, which the result records as 'cache not reset'."""
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as s:
+            async with s.post(base_url.rstrip("/") + "/reset_prefix_cache") as resp:
+                await resp.read()
+                return resp.status == 200
+    except (aiohttp.ClientError, OSError):
+        return False
+
+
+class _Search:
+    """The choice of the next load from the steps so far."""
+
+    def __init__(self, integer: bool, upper: float, tolerance: float) -> None:
+        self.integer, self.upper, self.tolerance = integer, upper, tolerance
+        self.points: list[tuple[float, float, bool]] = []   # (load, relative margin, met)
+
+    def add(self, load: float, margin: float, met: bool) -> None:
+        self.points.append((load, margin, met))
+
+    def bracket(self) -> tuple[tuple[float, float] | None, tuple[float, float] | None]:
+        fails = [(x, m) for x, m, ok in self.points if not ok]
+        hi = min(fails) if fails else None
+        passes = [(x, m) for x, m, ok in self.points if ok and (hi is None or x < hi[0])]
+        return (max(passes) if passes else None), hi
+
+    def next_load(self) -> float | None:
+        lo, hi = self.bracket()
+        if lo is None:
+            return None                                 # even the lowest load broke the SLO
+        if hi is None:
+            if lo[0] >= self.upper:
+                return None                             # passes at the cap: capacity is the cap
+            return self._round(min(self.upper, self._extrapolate(lo)), above=lo[0])
+        if self.integer and hi[0] - lo[0] <= 1:
+            return None
+        if (hi[0] - lo[0]) / lo[0] <= self.tolerance:
+            return None
+        x = lo[0] + (hi[0] - lo[0]) * (-lo[1]) / (hi[1] - lo[1]) if hi[1] > lo[1] else (lo[0] + hi[0]) / 2
+        w = hi[0] - lo[0]
+        x = min(max(x, lo[0] + GUARD * w), hi[0] - GUARD * w)
+        x = self._round(x, above=lo[0])
+        return x if x < hi[0] else None
+
+    def _extrapolate(self, lo: tuple[float, float]) -> float:
+        passing = sorted((x, m) for x, m, ok in self.points if ok)
+        x1, m1 = lo
+        if len(passing) >= 2:
+            x0, m0 = passing[-2]
+            if m1 > m0 and x1 > x0:
+                guess = x1 + (0.0 - m1) * (x1 - x0) / (m1 - m0)
+                return min(max(guess, x1 * 1.25), x1 * 8)
+        # one point: grow with the headroom left (limit / measured), at least 4x, at most 16x
+        ratio = 1.0 / max(1.0 + m1, 1e-3)
+        return x1 * min(16.0, max(4.0, 2.0 * ratio))
+
+    def _round(self, x: float, above: float) -> float:
+        if self.integer:
+            return float(max(int(above) + 1, int(round(x))))
+        return float(f"{x:.3g}") if x > 0 else x
+
+
+async def find_capacity(base_url: str, model: str, workload: Workload, slo: SLO, *, search: str = "concurrency",
+                        max_steps: int = 6, requests_per_step: int = 200, warmup: int = 16, seed: int = 0,
+                        tokenizer: str | None = None, start: float | None = None, upper: float | None = None,
+                        on_step: Callable[[LoadStep], None] | None = None, endpoint: str = "completions",
+                        tolerance: float = DEFAULT_TOLERANCE, timeout_s: float = 600) -> CapacityResult:
+    """Highest concurrency (`search="concurrency"`, closed loop) or request rate (`"rate"`, Poisson) at
+    which every term of `slo` holds, within `max_steps` load steps (the probe counts as one)."""
+    if search not in ("concurrency", "rate"):
+        raise UserError(f"capacity search is by 'concurrency' or 'rate', not {search!r}")
+    if max_steps < 2:
+        raise UserError("a capacity search needs max_steps >= 2")
+    if requests_per_step < 1:
+        raise UserError("requests_per_step must be >= 1")
+    integer = search == "concurrency"
+    searcher = _Search(integer, upper if upper is not None else (1024 if integer else math.inf), tolerance)
+    steps: list[LoadStep] = []
+    cache_reset = True
+    common: dict[str, Any] = dict(slo=slo, seed=seed, endpoint=endpoint, tokenizer=tokenizer, timeout_s=timeout_s,
+                                  abort_on_slo=True)
+
+    async def step(load: float, probe: bool) -> LoadStep:
+        nonlocal cache_reset
+        cache_reset = await reset_prefix_cache(base_url) and cache_reset
+        n = min(requests_per_step, PROBE_REQUESTS) if probe else requests_per_step
+        if probe or integer:
+            m = await run_load(base_url, model, workload, concurrency=int(load), num_requests=n,
+                               warmup=min(warmup, 4) if probe else warmup, **common)
+        else:
+            m = await run_load(base_url, model, workload, rate=load, num_requests=n, warmup=warmup, **common)
+        if probe and start is None and not integer:
+            load = float(f"{m.metrics['request_throughput']:.3g}")   # the single stream's own rate
+        s = LoadStep(load=load, measurement=m, slo_met=False)
+        margin = relative_margin(s, slo)
+        s.slo_met = margin <= 0 and not m.aborted_early
+        searcher.add(load, margin, s.slo_met)
+        steps.append(s)
+        if on_step is not None:
+            on_step(s)
+        return s
+
+    first = start if start is not None else 1.0
+    await step(float(int(first)) if integer else first, probe=start is None)
+    while len(steps) < max_steps:
+        nxt = searcher.next_load()
+        if nxt is None:
+            break
+        await step(nxt, probe=False)
+    lo, _ = searcher.bracket()
+    best = _step_at(steps, lo[0]) if lo else None
+    notes = []
+    if any(s.measurement.client.saturated for s in steps):
+        notes.append("client saturated in a step: its latencies are not trusted")
+    if best is not None and best.measurement.load.get("num_requests", 0) < requests_per_step:
+        notes.append("capacity measured by the single-stream probe only")
+    return CapacityResult(mode=search, capacity=lo[0] if lo else None, at_capacity=best.measurement if best else None,
+                          steps=steps, cache_reset=cache_reset, note="; ".join(notes))
+
+
+def _step_at(steps: list[LoadStep], load: float) -> LoadStep | None:
+    matches = [s for s in steps if s.load == load and s.slo_met]
+    return matches[-1] if matches else None
+
+
+def capacity_objectives(result: CapacityResult) -> dict[str, float | None]:
+    """The trial runner's objectives: `capacity_tps` (output tokens/s at capacity) and `p50_tpot_ms` there."""
+    m: Measurement | None = result.at_capacity
+    if m is None:
+        return {"capacity_tps": None, "p50_tpot_ms": None}
+    return {"capacity_tps": m.metrics.get("output_throughput"), "p50_tpot_ms": m.metrics.get("median_tpot_ms")}

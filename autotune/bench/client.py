@@ -1,0 +1,155 @@
+"""The streaming HTTP client: one request in, one timed `RequestRecord` out.
+
+aiohttp directly rather than httpx's default transport: on 2 cores the pure-Python HTTP/1.1 stack of
+httpx tops out near 15k SSE events/s, aiohttp's C parser carries several times that (REFERENCE.md §2).
+Each network read is timestamped once, on arrival, before any parsing, so parse cost never shows up as
+server latency; events that arrived together share that timestamp (ITL 0), which is what happened.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from autotune.bench.results import RequestRecord
+from autotune.bench.tokens import Tokenizer
+from autotune.bench.workloads import Prompt
+from autotune.errors import UserError
+
+ENDPOINTS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
+
+
+@dataclass
+class Live:
+    """A request in flight, visible to the early-abort check (a request still waiting for its first
+    token past the TTFT limit has already broken it)."""
+
+    start: float
+    first: float | None = None
+
+
+class StreamClient:
+    """One connection pool for a whole load run; `request()` is safe to call concurrently."""
+
+    def __init__(self, base_url: str, model: str, *, endpoint: str = "completions", timeout_s: float = 600,
+                 tokenizer: Tokenizer | None = None) -> None:
+        if endpoint not in ENDPOINTS:
+            raise UserError(f"endpoint {endpoint!r} is unknown (one of {', '.join(ENDPOINTS)})")
+        self.base_url = base_url.rstrip("/")
+        self.url = self.base_url + ENDPOINTS[endpoint]
+        self.model, self.endpoint, self.tokenizer = model, endpoint, tokenizer
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._session: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> "StreamClient":
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60), timeout=self._timeout,
+            headers={"Content-Type": "application/json"})
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        assert self._session is not None, "use StreamClient as an async context manager"
+        return self._session
+
+    def payload(self, prompt: Prompt) -> bytes:
+        """The request body. `ignore_eos` with a fixed length, as benchmarks must: a random-weight or
+        chatty model would otherwise stop at a whim and the output length would measure the model."""
+        body: dict[str, Any] = {"model": self.model, "stream": True, "ignore_eos": True,
+                                "stream_options": {"include_usage": True}}
+        if self.endpoint == "chat":
+            body["messages"] = [{"role": "user", "content": prompt.text}]
+            body["max_completion_tokens"] = prompt.output_len
+        else:
+            body["prompt"] = prompt.text
+            body["max_tokens"] = prompt.output_len
+        return json.dumps(body).encode()
+
+    async def request(self, prompt: Prompt, live: Live | None = None) -> RequestRecord:
+        body = self.payload(prompt)
+        chat = self.endpoint == "chat"
+        loads, perf = json.loads, time.perf_counter
+        start = perf()
+        if live is not None:
+            live.start = start
+        first: float | None = None
+        last = start
+        itl: list[float] = []
+        pieces: list[str] = []
+        chunks = 0
+        usage: dict[str, Any] | None = None
+        error: str | None = None
+        try:
+            async with self.session.post(self.url, data=body) as resp:
+                if resp.status != 200:
+                    text = (await resp.text())[:200].replace("\n", " ")
+                    return self._failed(prompt, start, f"HTTP {resp.status}: {text}")
+                buf = b""
+                async for data in resp.content.iter_any():
+                    now = perf()
+                    buf += data
+                    if b"\n" not in data:
+                        continue
+                    *lines, buf = buf.split(b"\n")
+                    for line in lines:
+                        if not line.startswith(b"data:"):
+                            continue
+                        payload = line[5:].strip()
+                        if payload == b"[DONE]" or not payload:
+                            continue
+                        obj = loads(payload)
+                        if "error" in obj and obj["error"]:
+                            error = _one_line(obj["error"])
+                            continue
+                        choices = obj.get("choices")
+                        if choices:
+                            c0 = choices[0]
+                            text = (c0.get("delta") or {}).get("content") if chat else c0.get("text")
+                            if first is None:
+                                first = now
+                                if live is not None:
+                                    live.first = now
+                            else:
+                                itl.append((now - last) * 1000.0)
+                            last = now
+                            chunks += 1
+                            if text:
+                                pieces.append(text)
+                        u = obj.get("usage")
+                        if u:
+                            usage = u
+        except Exception as e:  # noqa: BLE001 - every transport failure is a failed request, counted
+            return self._failed(prompt, start, _one_line(e) or type(e).__name__)
+        if error is not None or first is None:
+            return self._failed(prompt, start, error or "stream ended without a token")
+        out_tokens = self._output_tokens(usage, pieces, chunks)
+        in_tokens = (usage or {}).get("prompt_tokens") or prompt.input_tokens or 0
+        return RequestRecord(start_s=start, ttft_ms=(first - start) * 1000.0, e2el_ms=(last - start) * 1000.0,
+                             itl_ms=itl, input_tokens=int(in_tokens), output_tokens=out_tokens, ok=True)
+
+    def _output_tokens(self, usage: dict[str, Any] | None, pieces: list[str], chunks: int) -> int:
+        """The server's count when it gives one; else the tokenizer's; else one token per chunk."""
+        if usage and usage.get("completion_tokens"):
+            return int(usage["completion_tokens"])
+        if self.tokenizer is not None:
+            return len(self.tokenizer.encode("".join(pieces)))
+        return chunks
+
+    @staticmethod
+    def _failed(prompt: Prompt, start: float, error: str) -> RequestRecord:
+        return RequestRecord(start_s=start, ttft_ms=None, e2el_ms=None, itl_ms=[],
+                             input_tokens=prompt.input_tokens or 0, output_tokens=0, ok=False, error=error)
+
+
+def _one_line(err: object) -> str:
+    if isinstance(err, dict):
+        err = err.get("message", err)
+    return str(err).strip().replace("\n", " ")[:300]

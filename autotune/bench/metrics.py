@@ -1,0 +1,106 @@
+"""From per-request records to the numbers `vllm bench serve` reports, plus goodput and SLO attainment.
+
+Same definitions as vLLM's `calculate_metrics` so the two agree on the same data: percentiles are
+numpy's linear interpolation; TPOT is (E2EL - TTFT) / (output tokens - 1) over requests with more than
+one output token; ITLs pool every gap of every successful request; E2EL ends at the last token; the
+duration runs from the first send to the last completion. Two deliberate differences: a statistic with
+no samples is left out rather than reported as 0 (a 0 ms TTFT when every request failed would pass any
+SLO), and `max_concurrent_requests` is the true peak of requests in flight (a sweep over start/end
+times), not vLLM's per-second bucket count.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from autotune.bench.results import RequestRecord
+from autotune.slo import SLO, stat_key
+
+PERCENTILES = (90.0, 95.0, 99.0, 99.9)
+FAILED_MS = 1e9   # a failed request's latency in SLO checks: finite so that percentiles interpolate
+
+
+def _pct_name(p: float) -> str:
+    return f"p{p:g}"
+
+
+def distribution(values: Sequence[float], name: str) -> dict[str, float]:
+    """mean/median/std and PERCENTILES of `values`, keyed like vLLM (`median_ttft_ms`, `p99_ttft_ms`)."""
+    if len(values) == 0:
+        return {}
+    arr = np.asarray(values, dtype=float)
+    out = {stat_key(name, "mean"): float(arr.mean()), stat_key(name, "p50"): float(np.median(arr)),
+           f"std_{name}_ms": float(arr.std())}
+    for p, v in zip(PERCENTILES, np.percentile(arr, PERCENTILES)):
+        out[stat_key(name, _pct_name(p))] = float(v)
+    return out
+
+
+def peak_concurrency(records: Iterable[RequestRecord]) -> int:
+    """Most requests in flight at one instant (successful and failed alike: both held a slot)."""
+    events: list[tuple[float, int]] = []
+    for r in records:
+        end = r.start_s + (r.e2el_ms or 0.0) / 1000.0
+        events += [(r.start_s, 1), (end, -1)]
+    peak = cur = 0
+    for _, d in sorted(events, key=lambda e: (e[0], e[1])):
+        cur += d
+        peak = max(peak, cur)
+    return peak
+
+
+def summarize(records: Sequence[RequestRecord], duration_s: float, slo: SLO | None = None) -> dict[str, float]:
+    """The result dictionary of one load run (keys as in results.py)."""
+    ok = [r for r in records if r.ok]
+    failed = len(records) - len(ok)
+    dur = max(duration_s, 1e-9)
+    tin = sum(r.input_tokens for r in ok)
+    tout = sum(r.output_tokens for r in ok)
+    out: dict[str, float] = {
+        "duration": duration_s, "completed": len(ok), "failed": failed,
+        "total_input_tokens": tin, "total_output_tokens": tout,
+        "request_throughput": len(ok) / dur, "output_throughput": tout / dur,
+        "total_token_throughput": (tin + tout) / dur,
+        "max_concurrent_requests": peak_concurrency(records),
+    }
+    out.update(distribution([r.ttft_ms for r in ok if r.ttft_ms is not None], "ttft"))
+    out.update(distribution([t for r in ok if (t := r.tpot_ms) is not None], "tpot"))
+    out.update(distribution([x for r in ok for x in r.itl_ms], "itl"))
+    out.update(distribution([r.e2el_ms for r in ok if r.e2el_ms is not None], "e2el"))
+    if slo is not None:
+        good = sum(1 for r in ok if slo.request_ok(r.ttft_ms, r.tpot_ms, r.e2el_ms, r.itl_ms))
+        out["goodput"] = out["request_goodput"] = good / dur
+        out["slo_attainment_pct"] = 100.0 * good / len(records) if records else 0.0
+    return out
+
+
+def slo_margins(records: Sequence[RequestRecord], slo: SLO) -> dict[str, float]:
+    """Measured minus limit per SLO term, counting each failed request as an infinitely slow one, so a
+    server that drops requests cannot meet an SLO by dropping its slowest ones."""
+    failed = sum(1 for r in records if not r.ok)
+    ok = [r for r in records if r.ok]
+    out: dict[str, float] = {}
+    for t in slo.terms:
+        if t.metric == "itl":
+            values = [x for r in ok for x in r.itl_ms]
+            extra = 0          # failed requests have no token gaps to add
+        else:
+            values = [v for r in ok if (v := _value(r, t.metric)) is not None]
+            extra = failed
+        if not values and not extra:
+            out[t.key] = float("inf")
+            continue
+        arr = np.concatenate([np.asarray(values, dtype=float), np.full(extra, FAILED_MS)])
+        stat = float(arr.mean()) if t.percentile is None else float(np.percentile(arr, t.percentile))
+        out[t.key] = stat - t.limit_ms
+    return out
+
+
+def _value(r: RequestRecord, metric: str) -> float | None:
+    if metric == "ttft":
+        return r.ttft_ms
+    if metric == "e2el":
+        return r.e2el_ms
+    return r.tpot_ms

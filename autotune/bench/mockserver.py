@@ -1,0 +1,209 @@
+"""A minimal OpenAI-compatible streaming server whose behaviour is known exactly, for tests and benchmarks.
+
+Two service models, chosen per server:
+- `stream`: every request streams its tokens on its own, one every `itl_ms` (0: as fast as it can);
+  the server logs when it sent each chunk, so a client's timestamps can be checked against the truth
+  (`GET /mock/sends`, same monotonic clock on one machine).
+- `batch`: a continuous-batching scheduler like an LLM engine's. Each step emits one token to every
+  running request and takes `step_ms + per_seq_ms * batch`; at most `max_seqs` run, the rest queue
+  (FIFO). TPOT at a steady batch b is therefore `step_ms + per_seq_ms * b`, which makes the highest
+  concurrency meeting a TPOT limit a number known in advance.
+
+`fail_every=N` answers every Nth request with HTTP 500 (failed-request accounting);
+`reset_cache=false` makes `POST /reset_prefix_cache` a 404, as on a vLLM without dev mode.
+
+    python -m autotune.bench.mockserver --port 8123 --mode batch --step-ms 5 --per-seq-ms 0.5
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+
+@dataclass
+class MockConfig:
+    mode: str = "stream"          # stream | batch
+    itl_ms: float = 0.0           # stream mode: gap between chunks of one request
+    ttft_ms: float = 0.0          # stream mode: wait before the first chunk
+    step_ms: float = 5.0          # batch mode: fixed cost of a step
+    per_seq_ms: float = 0.5       # batch mode: added cost per running sequence
+    max_seqs: int = 256           # batch mode: most sequences in one step
+    fail_every: int = 0           # every Nth request fails with HTTP 500 (0: never)
+    reset_cache: bool = True      # False: /reset_prefix_cache answers 404
+    log_sends: bool = False       # stream mode: keep every chunk's send time
+
+
+@dataclass
+class _Seq:
+    remaining: int
+    gone: bool = False            # the client hung up: leave the batch at the next step
+    tokens: asyncio.Queue[int | None] = field(default_factory=asyncio.Queue)
+
+
+class _Batcher:
+    """The `batch` model's scheduler loop."""
+
+    def __init__(self, cfg: MockConfig) -> None:
+        self.cfg = cfg
+        self.waiting: deque[_Seq] = deque()
+        self.running: list[_Seq] = []
+        self.wake = asyncio.Event()
+        self.steps = 0
+
+    def submit(self, seq: _Seq) -> None:
+        self.waiting.append(seq)
+        self.wake.set()
+
+    async def run(self) -> None:
+        next_t = time.perf_counter()
+        while True:
+            if not self.running and not self.waiting:
+                self.wake.clear()
+                await self.wake.wait()
+                next_t = time.perf_counter()
+            while self.waiting and len(self.running) < self.cfg.max_seqs:
+                self.running.append(self.waiting.popleft())
+            next_t += (self.cfg.step_ms + self.cfg.per_seq_ms * len(self.running)) / 1000.0
+            delay = next_t - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            else:
+                next_t = time.perf_counter()   # fell behind: do not try to catch up with a burst
+            self.steps += 1
+            still = []
+            for s in self.running:
+                if s.gone:
+                    continue
+                s.remaining -= 1
+                s.tokens.put_nowait(s.remaining)
+                if s.remaining > 0:
+                    still.append(s)
+            self.running = still
+
+
+def _chunk(text: str, chat: bool, model: str) -> bytes:
+    choice: dict[str, Any] = ({"index": 0, "delta": {"content": text}, "finish_reason": None} if chat
+                              else {"index": 0, "text": text, "finish_reason": None})
+    return b"data: " + json.dumps({"id": "mock", "object": "chunk", "model": model, "choices": [choice]}).encode() + b"\n\n"
+
+
+def build_app(cfg: MockConfig) -> web.Application:
+    app = web.Application()
+    state: dict[str, Any] = {"n": 0, "sends": [], "batcher": None}
+
+    async def on_start(app: web.Application) -> None:
+        if cfg.mode == "batch":
+            state["batcher"] = _Batcher(cfg)
+            state["task"] = asyncio.create_task(state["batcher"].run())
+
+    async def on_stop(app: web.Application) -> None:
+        if state.get("task"):
+            state["task"].cancel()
+
+    async def models(request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": "mock", "object": "model"}]})
+
+    async def health(request: web.Request) -> web.Response:
+        return web.Response(text="")
+
+    async def reset(request: web.Request) -> web.Response:
+        return web.Response(text="") if cfg.reset_cache else web.Response(status=404, text="Not Found")
+
+    async def sends(request: web.Request) -> web.Response:
+        return web.json_response(state["sends"])
+
+    async def complete(request: web.Request) -> web.StreamResponse:
+        t_recv = time.perf_counter()
+        body = await request.json()
+        chat = request.path.endswith("/chat/completions")
+        state["n"] += 1
+        if cfg.fail_every and state["n"] % cfg.fail_every == 0:
+            return web.json_response({"error": {"message": "mock failure"}}, status=500)
+        n_out = int(body.get("max_completion_tokens") or body.get("max_tokens") or 16)
+        prompt = body.get("prompt") if not chat else body["messages"][-1]["content"]
+        n_in = len(str(prompt).split())
+        model = str(body.get("model", "mock"))
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        try:
+            return await _stream(resp, chat, model, n_in, n_out, t_recv)
+        except (ConnectionError, asyncio.CancelledError):
+            return resp      # the client went away (an aborted load step): nothing to send
+
+    async def _stream(resp: web.StreamResponse, chat: bool, model: str, n_in: int, n_out: int,
+                      t_recv: float) -> web.StreamResponse:
+        times: list[float] = []
+        piece = _chunk(" tok", chat, model)
+        if cfg.mode == "batch":
+            seq = _Seq(n_out)
+            state["batcher"].submit(seq)
+            try:
+                while True:
+                    left = await seq.tokens.get()
+                    await resp.write(piece)
+                    if left == 0:
+                        break
+            finally:
+                seq.gone = True
+        else:
+            if cfg.ttft_ms:
+                await asyncio.sleep(cfg.ttft_ms / 1000.0)
+            due = time.perf_counter()
+            for i in range(n_out):
+                if i and cfg.itl_ms:
+                    due += cfg.itl_ms / 1000.0
+                    delay = due - time.perf_counter()
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+                elif i:
+                    await asyncio.sleep(0)
+                if cfg.log_sends:
+                    times.append(time.perf_counter())
+                await resp.write(piece)
+        usage = {"prompt_tokens": n_in, "completion_tokens": n_out, "total_tokens": n_in + n_out}
+        await resp.write(b"data: " + json.dumps({"id": "mock", "choices": [], "usage": usage}).encode()
+                         + b"\n\ndata: [DONE]\n\n")
+        if cfg.log_sends:
+            state["sends"].append({"recv": t_recv, "n_out": n_out, "sends": times})
+        await resp.write_eof()
+        return resp
+
+    app.on_startup.append(on_start)
+    app.on_cleanup.append(on_stop)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/health", health)
+    app.router.add_post("/reset_prefix_cache", reset)
+    app.router.add_get("/mock/sends", sends)
+    app.router.add_post("/v1/completions", complete)
+    app.router.add_post("/v1/chat/completions", complete)
+    return app
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m autotune.bench.mockserver")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8123)
+    for f in ("mode", "itl_ms", "ttft_ms", "step_ms", "per_seq_ms", "max_seqs", "fail_every"):
+        default = getattr(MockConfig, f)
+        p.add_argument("--" + f.replace("_", "-"), type=type(default), default=default)
+    p.add_argument("--no-reset-cache", action="store_true")
+    p.add_argument("--log-sends", action="store_true")
+    a = p.parse_args(argv)
+    cfg = MockConfig(**{f: getattr(a, f) for f in ("mode", "itl_ms", "ttft_ms", "step_ms", "per_seq_ms",
+                                                   "max_seqs", "fail_every")},
+                     reset_cache=not a.no_reset_cache, log_sends=a.log_sends)
+    if a.host not in ("127.0.0.1", "localhost", "::1"):
+        p.error("the mock server listens on loopback only")
+    web.run_app(build_app(cfg), host=a.host, port=a.port, print=None, access_log=None)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,85 @@
+"""The printed result, laid out like `vllm bench serve`'s so the two read side by side."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from autotune.bench.metrics import PERCENTILES
+from autotune.bench.results import CapacityResult, Measurement
+
+_NAMES = {"ttft": "Time to First Token", "tpot": "Time per Output Token (excl. 1st token)",
+          "itl": "Inter-token Latency", "e2el": "End-to-end Latency"}
+
+
+def _row(label: str, value: Any) -> str:
+    if isinstance(value, float):
+        value = f"{value:.2f}"
+    return f"{label:<40} {value:<10}"
+
+
+def format_measurement(m: Measurement, title: str = "Serving Benchmark Result") -> str:
+    x = m.metrics
+    lines = [f"{' ' + title + ' ':=^50}",
+             _row("Successful requests:", int(x["completed"])),
+             _row("Failed requests:", int(x["failed"]))]
+    if m.load.get("concurrency") is not None:
+        lines.append(_row("Maximum request concurrency:", m.load["concurrency"]))
+    if m.load.get("request_rate") is not None:
+        lines.append(_row("Request rate (req/s):", float(m.load["request_rate"])))
+    lines += [_row("Benchmark duration (s):", x["duration"]),
+              _row("Total input tokens:", int(x["total_input_tokens"])),
+              _row("Total generated tokens:", int(x["total_output_tokens"])),
+              _row("Request throughput (req/s):", x["request_throughput"])]
+    if "goodput" in x:
+        lines += [_row("Request goodput (req/s):", x["goodput"]), _row("SLO attainment (%):", x["slo_attainment_pct"])]
+    lines += [_row("Output token throughput (tok/s):", x["output_throughput"]),
+              _row("Peak concurrent requests:", int(x["max_concurrent_requests"])),
+              _row("Total token throughput (tok/s):", x["total_token_throughput"])]
+    for key, name in _NAMES.items():
+        if f"mean_{key}_ms" not in x:
+            continue
+        lines.append(f"{name:-^50}")
+        lines += [_row(f"Mean {key.upper()} (ms):", x[f"mean_{key}_ms"]),
+                  _row(f"Median {key.upper()} (ms):", x[f"median_{key}_ms"])]
+        lines += [_row(f"P{p:g} {key.upper()} (ms):", x[f"p{p:g}_{key}_ms"]) for p in PERCENTILES]
+    lines.append("=" * 50)
+    if m.aborted_early:
+        lines.append(f"aborted early: {m.load.get('abort_reason')}")
+    c = m.client
+    lines.append(("CLIENT SATURATED, latencies not trusted: " if c.saturated else "client: ") + c.note
+                 + (f"; CPU {c.cpu_pct:.0f}% of a core" if c.cpu_pct is not None else ""))
+    return "\n".join(lines)
+
+
+def format_capacity(r: CapacityResult) -> str:
+    lines = [f"{' Capacity under SLO (' + r.mode + ') ':=^50}"]
+    for i, s in enumerate(r.steps, 1):
+        x = s.measurement.metrics
+        lines.append(f"step {i}: load {s.load:g}  {'met ' if s.slo_met else 'BROKE'}  "
+                     f"out {x.get('output_throughput', 0):.1f} tok/s  "
+                     f"p50 TTFT {x.get('median_ttft_ms', math.nan):.1f} ms  p50 TPOT {x.get('median_tpot_ms', math.nan):.2f} ms"
+                     + ("  (aborted early)" if s.measurement.aborted_early else ""))
+    lines.append(_row("Capacity:", "none (SLO broken at the lowest load)" if r.capacity is None else f"{r.capacity:g}"))
+    if not r.cache_reset:
+        lines.append("cache not reset: the server has no /reset_prefix_cache (start vLLM with VLLM_SERVER_DEV_MODE=1)")
+    if r.note:
+        lines.append("note: " + r.note)
+    if r.at_capacity is not None:
+        lines.append(format_measurement(r.at_capacity, "At capacity"))
+    return "\n".join(lines)
+
+
+def write_json(path: str, data: dict[str, Any]) -> None:
+    """JSON as `vllm bench serve` writes it (an infinite rate is the string "inf")."""
+    def clean(v: Any) -> Any:
+        if isinstance(v, float) and math.isinf(v):
+            return "inf"
+        if isinstance(v, dict):
+            return {k: clean(x) for k, x in v.items()}
+        if isinstance(v, list):
+            return [clean(x) for x in v]
+        return v
+    Path(path).write_text(json.dumps(clean(data), indent=1) + "\n", encoding="utf-8")

@@ -1,0 +1,162 @@
+"""One load run: warm up, offer load by an arrival process, time every request, summarize.
+
+The tuner's trial runner and `autotune bench` both come through `run_load`, so a number in a study and
+a number on the command line are the same measurement.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from itertools import islice
+from typing import Iterator
+
+import aiohttp
+
+from autotune.bench.abort import EarlyAbort
+from autotune.bench.arrivals import Arrivals, ClosedLoop, OpenLoop
+from autotune.bench.client import Live, StreamClient
+from autotune.bench.health import LoopMonitor
+from autotune.bench.metrics import summarize
+from autotune.bench.results import Measurement, RequestRecord
+from autotune.bench.tokens import load_tokenizer
+from autotune.bench.workloads import Prompt, Workload
+from autotune.errors import UserError
+from autotune.slo import SLO
+
+DEFAULT_NUM_REQUESTS = 200
+ABORT_POLL_S = 0.05   # how often in-flight requests are checked against TTFT/E2EL limits
+
+
+def _arrivals(concurrency: int | None, rate: float | None, burstiness: float, seed: int) -> Arrivals:
+    if concurrency is not None and concurrency < 1:
+        raise UserError(f"concurrency must be >= 1, got {concurrency}")
+    if rate is not None and not rate > 0:
+        raise UserError(f"rate must be > 0 req/s, got {rate}")
+    if not burstiness > 0:
+        raise UserError(f"burstiness must be > 0, got {burstiness}")
+    if rate is None and concurrency is None:
+        raise UserError("give a load: a concurrency (closed loop) or a request rate (open loop)")
+    if rate is None:
+        assert concurrency is not None
+        return ClosedLoop(concurrency)
+    return OpenLoop(rate, burstiness, seed, cap=concurrency)
+
+
+async def check_server(client: StreamClient) -> None:
+    """Fail with one line before any load if nothing answers at the URL (any HTTP answer will do)."""
+    try:
+        async with client.session.get(client.base_url + "/v1/models",
+                                      timeout=aiohttp.ClientTimeout(total=10)) as resp:
+            await resp.read()
+    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:
+        raise UserError(f"cannot reach the server at {client.base_url}: {str(e) or type(e).__name__}") from None
+
+
+async def run_load(base_url: str, model: str, workload: Workload, *, concurrency: int | None = None,
+                   rate: float | None = None, burstiness: float = 1.0, num_requests: int | None = None,
+                   duration_s: float | None = None, warmup: int = 0, slo: SLO | None = None, seed: int = 0,
+                   endpoint: str = "completions", tokenizer: str | None = None, timeout_s: float = 600,
+                   abort_on_slo: bool = False) -> Measurement:
+    """Measure one load level. `concurrency` alone: closed loop; `rate` (req/s, may be inf): open loop,
+    Poisson or gamma by `burstiness`, capped at `concurrency` if both are given. Bounded by
+    `num_requests` (default 200) or `duration_s`. `abort_on_slo` ends the run once `slo` is clearly lost
+    (capacity search); in-flight requests are then cancelled and not counted."""
+    arrivals = _arrivals(concurrency, rate, burstiness, seed)
+    if num_requests is not None and num_requests < 1:
+        raise UserError(f"num_requests must be >= 1, got {num_requests}")
+    if duration_s is not None and not duration_s > 0:
+        raise UserError(f"duration must be > 0 s, got {duration_s}")
+    if warmup < 0:
+        raise UserError(f"warmup must be >= 0, got {warmup}")
+    if num_requests is None and duration_s is None:
+        num_requests = DEFAULT_NUM_REQUESTS
+    tok = load_tokenizer(tokenizer, model)
+    stream = workload.iter_prompts(seed, tok)
+    warm = list(islice(stream, warmup))
+    measured: Iterator[Prompt] = iter(list(islice(stream, num_requests))) if num_requests else stream
+
+    async with StreamClient(base_url, model, endpoint=endpoint, timeout_s=timeout_s, tokenizer=tok) as client:
+        await check_server(client)
+        if warm:
+            warm_sink: list[RequestRecord] = []
+
+            async def send_warm(p: Prompt) -> None:
+                warm_sink.append(await client.request(p))
+
+            await ClosedLoop(min(len(warm), concurrency or len(warm))).drive(
+                iter(warm), send_warm, deadline=None, stop=asyncio.Event())
+            if not any(r.ok for r in warm_sink):
+                raise UserError(f"every warm-up request failed: {warm_sink[0].error}")
+        return await _measure(client, arrivals, measured, num_requests, duration_s, slo, abort_on_slo,
+                              concurrency, {"warmup": warmup, "seed": seed, "workload": workload.params(),
+                                            "endpoint": endpoint, "num_requests": num_requests,
+                                            "duration_s": duration_s})
+
+
+async def _measure(client: StreamClient, arrivals: Arrivals, prompts: Iterator[Prompt], num_requests: int | None,
+                   duration_s: float | None, slo: SLO | None, abort_on_slo: bool, concurrency: int | None,
+                   load: dict) -> Measurement:
+    records: list[RequestRecord] = []
+    live: dict[int, Live] = {}
+    stop = asyncio.Event()
+    aborter = None
+    if abort_on_slo and slo is not None:
+        # a closed loop's first wave starts together and queues its prefills: judge after two waves
+        aborter = EarlyAbort(slo, num_requests, min_samples=max(20, 2 * (concurrency or 0)))
+    reason: list[str] = []
+
+    def judge() -> None:
+        if aborter is not None and not stop.is_set():
+            why = aborter.check(records, live.values(), time.perf_counter())
+            if why:
+                reason.append(why)
+                stop.set()
+
+    async def send(p: Prompt) -> None:
+        slot = Live(time.perf_counter())
+        key = id(slot)
+        live[key] = slot
+        try:
+            records.append(await client.request(p, slot))
+        finally:
+            live.pop(key, None)
+        judge()
+
+    async def watch() -> None:
+        while not stop.is_set():
+            await asyncio.sleep(ABORT_POLL_S)
+            judge()
+
+    monitor = LoopMonitor()
+    monitor.start()
+    t0 = time.perf_counter()
+    deadline = t0 + duration_s if duration_s else None
+    drive = asyncio.create_task(arrivals.drive(prompts, send, deadline=deadline, stop=stop))
+    watcher = asyncio.create_task(watch()) if aborter is not None else None
+    stopper = asyncio.create_task(stop.wait())
+    await asyncio.wait({drive, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    cancelled = len(live)
+    if not drive.done():
+        drive.cancel()
+    try:
+        await drive
+    except asyncio.CancelledError:
+        pass
+    t1 = time.perf_counter()
+    for task in (watcher, stopper):
+        if task is not None:
+            task.cancel()
+    await monitor.stop()
+    health = monitor.health()
+    metrics = summarize(records, t1 - t0, slo)
+    desc = arrivals.describe()
+    if desc.get("request_rate") is not None and not math.isinf(float(desc["request_rate"] or 0)):
+        metrics["request_rate"] = float(desc["request_rate"] or 0)
+    if desc.get("concurrency") is not None:
+        metrics["concurrency"] = float(desc["concurrency"] or 0)
+    return Measurement(metrics=metrics, records=records, client=health,
+                       load={**desc, **load, "t0_monotonic": t0, "cancelled": cancelled if reason else 0,
+                             "abort_reason": reason[0] if reason else None},
+                       aborted_early=bool(reason))

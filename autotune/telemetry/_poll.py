@@ -12,6 +12,7 @@ import time
 from abc import ABC, abstractmethod
 from typing import Any
 
+from autotune.errors import UserError
 from autotune.telemetry._stats import SeriesBuffer
 from autotune.telemetry.base import Sampler, TelemetrySummary, TelemetryTarget
 from autotune.telemetry.metrics import MetricsScraper
@@ -44,7 +45,7 @@ class PollingSampler(Sampler):
                  metrics_hz: float = 2.0, series_capacity: int = 4096,
                  scraper: MetricsScraper | None = None) -> None:
         if not hz > 0:
-            raise ValueError("hz must be positive")
+            raise UserError(f"telemetry hz must be positive, got {hz}")
         self.probe = probe
         self.target = target
         self.period = 1.0 / hz

@@ -98,7 +98,8 @@ def format_summary(summary: TelemetrySummary | Mapping[str, Any], margin: float 
         parts.append(f"{what} {_gib(s.peak_mem_used_mib)} GiB of {_gib(s.mem_total_mib)} "
                      f"({100 * (headroom or 0.0):.0f}% headroom)")
     if s.peak_kv_usage_pct is not None:
-        parts.append(f"KV {s.peak_kv_usage_pct:.0f}% peak")
+        kv = s.peak_kv_usage_pct
+        parts.append(f"KV {kv:.0f}% peak" if kv >= 10 or kv == 0 else f"KV {kv:.2g}% peak")
     if s.preemptions is not None:
         parts.append(f"{s.preemptions:.0f} preemptions")
     if s.prefix_cache_hit_rate is not None:

@@ -1,0 +1,45 @@
+"""The `cpu` source and the /metrics scrape on a real vLLM CPU-build server under load: the
+server's whole process tree (API server + engine core) and vLLM's own scheduler gauges."""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from autotune.telemetry import (TelemetryTarget, format_summary, get_source, objectives, series_for_store,
+                                summary_for_store)
+
+pytestmark = [pytest.mark.vllm, pytest.mark.e2e]
+
+
+def test_cpu_source_records_the_server_under_load(vllm_server) -> None:
+    def one(i: int) -> int:
+        r = httpx.post(f"{vllm_server.url}/v1/completions", timeout=120, json={
+            "model": vllm_server.model, "prompt": f"tell me {i} things " * 8, "max_tokens": 64,
+            "ignore_eos": True, "temperature": 0.0})
+        r.raise_for_status()
+        return r.json()["usage"]["completion_tokens"]
+
+    sampler = get_source("cpu").sampler(TelemetryTarget(server_pid=vllm_server.server.pid,
+                                                        server_url=vllm_server.url), hz=10)
+    sampler.start()
+    with ThreadPoolExecutor(8) as pool:
+        tokens = sum(pool.map(one, range(32)))
+    s = sampler.stop()
+
+    assert tokens == 32 * 64
+    assert s.source == "cpu" and s.samples >= 5
+    assert max(r.get("procs", 0) for r in s.series) >= 2            # API server and engine core
+    assert s.cpu_pct_mean > 30                                       # the engine busy decoding
+    assert s.rss_peak_mib > 300 and s.mem_headroom is not None and 0 < s.mem_headroom < 1
+    assert s.max_running >= 2 and s.peak_kv_usage_pct > 0           # vLLM's own gauges, scraped
+    assert s.preemptions is not None and s.preemptions >= 0
+    obj = objectives(s, tokens, s.duration_s, 1, tokens / s.duration_s)
+    assert set(obj) == {"tps_per_gpu", "mem_headroom"}
+    stored = json.loads(json.dumps(summary_for_store(s)))            # what the trial row keeps
+    assert stored["cpu_pct_mean"] == s.cpu_pct_mean and stored["rss_peak_mib"] == s.rss_peak_mib
+    assert len(series_for_store(s)) <= 2000
+    print(format_summary(s))

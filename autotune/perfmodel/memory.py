@@ -1,0 +1,189 @@
+"""The memory budget of one GPU, computed the way vLLM sizes its KV cache (REFERENCE.md §4):
+
+    requested = total x gpu_memory_utilization
+    KV        = requested - weights - activation peak - non-torch - CUDA-graph estimate
+
+and the checks vLLM makes on the way (config validation, weights vs. device, one max-length request
+vs. KV). Failures carry vLLM's wording so the same log classifier reads the simulator and vLLM.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from autotune import causes
+from autotune.perfmodel.config import EngineConfig
+from autotune.perfmodel.gpus import GPU
+from autotune.perfmodel.profiles import ModelProfile
+
+GiB = float(2**30)
+
+
+@dataclass
+class MemoryBudget:
+    """Per GPU, in GiB, plus what vLLM would print about the KV cache."""
+
+    total_gib: float
+    requested_gib: float
+    weights_gib: float
+    activation_gib: float
+    non_torch_gib: float
+    graphs_gib: float
+    kv_gib: float
+    kv_bytes_per_token: float
+    kv_cache_tokens: int          # per engine (a DP replica), as vLLM logs it
+    num_blocks: int
+    max_concurrency: float        # full max-model-len requests the KV cache holds (vLLM's "x")
+    capture_sizes: int
+    fits: bool
+    cause: str | None             # autotune.causes word when it does not fit
+    reason: str                   # vLLM-like one line ("" when it fits)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def capture_sizes(max_num_seqs: int, enforce_eager: bool) -> int:
+    """How many batch sizes vLLM captures CUDA graphs for: [1, 2, 4] + 8..248 by 8 + 256.. by 16,
+    up to min(2 x max_num_seqs, 512). 51 at the default; 11 at max-num-seqs 32."""
+    if enforce_eager:
+        return 0
+    top = min(2 * max_num_seqs, 512)
+    sizes = [1, 2, 4] + list(range(8, 256, 8)) + list(range(256, top + 1, 16))
+    return sum(1 for s in sizes if s <= top)
+
+
+def weights_gib_per_gpu(profile: ModelProfile, cfg: EngineConfig) -> float:
+    """Dense parts split over TP (and PP); routed experts over TP x DP ranks with expert parallelism,
+    else split over TP and replicated per DP replica."""
+    dense = profile.dense_params * cfg.weight_bytes / (cfg.tp * cfg.pp)
+    expert_ranks = cfg.tp * cfg.dp if (cfg.ep and profile.is_moe) else cfg.tp
+    experts = profile.routed_expert_params * cfg.weight_bytes / (expert_ranks * cfg.pp)
+    extra = profile.extra_weights_gib * GiB / (cfg.tp * cfg.pp)
+    return (dense + experts + extra) / GiB
+
+
+def activation_gib(profile: ModelProfile, cfg: EngineConfig) -> float:
+    """Peak of vLLM's profiling forward pass at max-num-batched-tokens, plus the sampler's logits
+    for max-num-seqs sequences. Grows with both flags."""
+    tokens = cfg.max_num_batched_tokens
+    if profile.is_moe:
+        inter = profile.moe_intermediate_size * profile.experts_per_token * 2
+        inter /= 1 if cfg.ep else cfg.tp
+    else:
+        inter = profile.intermediate_size / cfg.tp
+    per_token = profile.hidden_size * 8 + inter * 4
+    logits = min(cfg.max_num_seqs, tokens) * profile.vocab_size / cfg.tp * 4
+    return (tokens * per_token + logits) / GiB
+
+
+def graphs_gib(profile: ModelProfile, cfg: EngineConfig) -> float:
+    n = capture_sizes(cfg.max_num_seqs, cfg.enforce_eager)
+    if n == 0:
+        return 0.0
+    base = profile.graph_base_gib if profile.graph_base_gib is not None else 0.02
+    per = profile.graph_per_size_gib
+    if per is None:  # 0.98 GiB at 51 sizes for a 32-layer 8B (vLLM 0.24 log on an H200)
+        per = 0.019 * math.sqrt(profile.num_layers / cfg.pp / 32)
+    return base + n * per
+
+
+def non_torch_gib(profile: ModelProfile, cfg: EngineConfig) -> float:
+    """CUDA context and NCCL buffers, plus memory a calibrated profile reserves."""
+    return 0.25 + (0.35 if cfg.world_size > 1 else 0.0) + profile.reserved_gib
+
+
+def _pydantic(config: str, message: str) -> str:
+    return f"pydantic_core._pydantic_core.ValidationError: 1 validation error for {config}\n  Value error, {message}"
+
+
+def validate(profile: ModelProfile, cfg: EngineConfig, num_gpus: int) -> str | None:
+    """vLLM's config validation (before any memory is touched); the error text or None."""
+    if not 0 < cfg.gmu <= 1:
+        return _pydantic("CacheConfig", f"gpu_memory_utilization must be in (0, 1], got {cfg.gmu}")
+    if cfg.world_size > num_gpus:
+        return _pydantic("ParallelConfig", f"World size ({cfg.world_size} = TP {cfg.tp} x PP {cfg.pp} x DP "
+                         f"{cfg.dp}) is larger than the number of available GPUs ({num_gpus}).")
+    if profile.num_heads % cfg.tp:
+        return _pydantic("ModelConfig", f"Total number of attention heads ({profile.num_heads}) must be "
+                         f"divisible by tensor parallel size ({cfg.tp}).")
+    if profile.num_layers < cfg.pp:
+        return _pydantic("ModelConfig", f"pipeline parallel size ({cfg.pp}) exceeds the number of layers "
+                         f"({profile.num_layers}).")
+    if cfg.max_model_len > profile.max_position:
+        return _pydantic("ModelConfig", f"User-specified max_model_len ({cfg.max_model_len}) is greater than "
+                         f"the derived max_model_len (max_position_embeddings={float(profile.max_position)} "
+                         "or model_max_length=None in model's config.json).")
+    if cfg.max_num_batched_tokens < cfg.max_num_seqs:
+        return _pydantic("SchedulerConfig", f"max_num_batched_tokens ({cfg.max_num_batched_tokens}) must be "
+                         f"greater than or equal to max_num_seqs ({cfg.max_num_seqs}).")
+    if not cfg.chunked_prefill and cfg.max_num_batched_tokens < cfg.max_model_len:
+        return _pydantic("SchedulerConfig", f"max_num_batched_tokens ({cfg.max_num_batched_tokens}) is smaller "
+                         f"than max_model_len ({cfg.max_model_len}). This effectively limits the maximum sequence "
+                         "length to max_num_batched_tokens and makes vLLM reject longer sequences. Please increase "
+                         "max_num_batched_tokens or decrease max_model_len.")
+    return None
+
+
+def memory_budget(profile: ModelProfile, cfg: EngineConfig, gpu: GPU, num_gpus: int) -> MemoryBudget:
+    """The per-GPU budget and whether vLLM would start. Config errors come first (cause bad_flag),
+    then weights against the device (startup_oom), then the KV cache (kv_too_small)."""
+    total = gpu.memory_gib
+    requested = math.ceil(gpu.memory_bytes * cfg.gmu) / GiB
+    weights = weights_gib_per_gpu(profile, cfg)
+    act = activation_gib(profile, cfg)
+    other = non_torch_gib(profile, cfg)
+    graphs = graphs_gib(profile, cfg)
+    if cfg.kv_cache_memory_bytes is not None:
+        kv = cfg.kv_cache_memory_bytes / GiB
+    else:
+        kv = requested - weights - act - other - graphs
+    bpt = profile.kv_bytes_per_token_per_gpu(cfg.tp, cfg.pp, cfg.kv_dtype_bytes)
+    blocks = max(0, int(kv * GiB // (bpt * cfg.block_size)))
+    tokens = blocks * cfg.block_size
+    per_request_blocks = math.ceil(cfg.max_model_len / cfg.block_size)
+    concurrency = blocks / per_request_blocks if per_request_blocks else 0.0
+    budget = MemoryBudget(total, requested, weights, act, other, graphs, kv, bpt, tokens, blocks,
+                          concurrency, capture_sizes(cfg.max_num_seqs, cfg.enforce_eager), True, None, "")
+    error = validate(profile, cfg, num_gpus)
+    if error:
+        budget.fits, budget.cause, budget.reason = False, causes.BAD_FLAG, error
+    elif weights + other > total:
+        free_mib = max(0.0, total - other - (weights - weights / max(profile.num_layers, 1))) * 1024
+        budget.fits, budget.cause = False, causes.STARTUP_OOM
+        budget.reason = (f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate "
+                         f"{weights / max(profile.num_layers, 1):.2f} GiB. GPU 0 has a total capacity of "
+                         f"{total:.2f} GiB of which {free_mib:.2f} MiB is free. (weights need {weights:.2f} GiB "
+                         "per GPU)")
+    elif kv <= 0:
+        budget.fits, budget.cause = False, causes.KV_TOO_SMALL
+        budget.reason = ("ValueError: No available memory for the cache blocks. Try increasing "
+                         "`gpu_memory_utilization` when initializing the engine. "
+                         f"(weights {weights:.2f} GiB + activations {act:.2f} GiB + graphs {graphs:.2f} GiB "
+                         f"exceed the requested {requested:.2f} GiB)")
+    elif per_request_blocks > blocks:
+        needed = per_request_blocks * cfg.block_size * bpt / GiB
+        estimated = tokens
+        budget.fits, budget.cause = False, causes.KV_TOO_SMALL
+        budget.reason = (f"ValueError: To serve at least one request with the model's max seq len "
+                         f"({cfg.max_model_len}), ({needed:.2f} GiB KV cache is needed, which is larger than the "
+                         f"available KV cache memory ({kv:.2f} GiB). Based on the available memory, the estimated "
+                         f"maximum model length is {estimated}. Try increasing `gpu_memory_utilization` or "
+                         "decreasing `max_model_len` when initializing the engine.")
+    return budget
+
+
+def runtime_transient_gib(profile: ModelProfile, cfg: EngineConfig, running: int, step_tokens: int) -> float:
+    """Memory a busy step needs beyond the preallocated budget: allocator fragmentation, sampler
+    buffers and prefill temporaries that vLLM's profiling run does not see. It must fit in the
+    part of the device that --gpu-memory-utilization left out, or the server dies under load."""
+    frag = 0.004 * 80.0
+    sampler = running * profile.vocab_size / cfg.tp * 12 / GiB
+    prefill = step_tokens * profile.hidden_size * 40 / cfg.tp / GiB
+    return frag + sampler + prefill
+
+
+def headroom_gib(gpu: GPU, cfg: EngineConfig) -> float:
+    return gpu.memory_gib - math.ceil(gpu.memory_bytes * cfg.gmu) / GiB

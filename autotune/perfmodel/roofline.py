@@ -1,0 +1,133 @@
+"""How long one scheduler step takes on the simulated GPUs (REFERENCE.md §4):
+
+    step = roofline(bytes / bandwidth, FLOPs / compute) + TP all-reduce + EP all-to-all + overheads
+
+computed for one data-parallel replica (vLLM keeps MoE DP replicas in lockstep, so every replica takes
+the same step). Bytes are the weights a step touches (MoE: only experts some token routed to) plus the
+KV of every scheduled sequence; FLOPs are 2 x active params per token plus attention.
+
+The efficiency constants are calibrated against the articles' measured tables; see
+benchmarks/sim_calibration.md for the fit and where it falls short.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from autotune.perfmodel.config import EngineConfig
+from autotune.perfmodel.gpus import GPU
+from autotune.perfmodel.memory import capture_sizes
+from autotune.perfmodel.profiles import ModelProfile
+
+BW_EFFICIENCY = 0.90       # achieved fraction of HBM bandwidth streaming weights and KV (seed 000: 60-80 % end to end)
+MFU = 0.60                 # achieved fraction of peak tensor FLOPs in large GEMMs (FA3 + CUTLASS on Hopper)
+LINK_EFFICIENCY = 0.70     # achieved fraction of NVLink bandwidth in collectives
+STEP_OVERHEAD_S = 1.6e-3   # scheduler, sampling, input prep per step (CUDA graphs on)
+PER_SEQ_OVERHEAD_S = 6e-6  # per scheduled sequence (sampling, detokenizing, output processing)
+EAGER_LAUNCH_S = 30e-6     # per layer kernel launches when a step runs without CUDA graphs
+PIECEWISE_S = 6e-6         # per layer: attention runs outside the captured graph in mixed steps
+THIN_EXPERT_COLS = 512     # expert GEMMs with fewer output columns per GPU run below bandwidth
+PP_BUBBLE = 0.30           # extra time per extra pipeline stage
+
+
+@dataclass
+class StepCost:
+    seconds: float
+    compute_s: float
+    memory_s: float
+    comm_s: float
+    overhead_s: float
+
+    @property
+    def bound(self) -> str:
+        return "compute" if self.compute_s > self.memory_s else "memory"
+
+
+class StepModel:
+    """Step durations for one (model, flags, GPU) triple; cheap to call once per simulated step."""
+
+    def __init__(self, profile: ModelProfile, cfg: EngineConfig, gpu: GPU):
+        self.profile, self.cfg, self.gpu = profile, cfg, gpu
+        eff = profile.kernel_efficiency.get(gpu.arch, 1.0)
+        self.bandwidth = gpu.hbm_tbps * 1e12 * BW_EFFICIENCY * eff
+        self.flops = gpu.peak_flops(cfg.compute_dtype) * MFU * eff
+        tp, pp, dp = cfg.tp, cfg.pp, cfg.dp
+        wb = cfg.weight_bytes
+        self.dense_bytes = (profile.dense_params * wb + profile.extra_weights_gib * 2**30) / (tp * pp)
+        self.ep = cfg.ep and profile.is_moe
+        expert_ranks = tp * dp if self.ep else tp
+        self.expert_bytes = profile.routed_expert_params * wb / (expert_ranks * pp)
+        if profile.is_moe and not self.ep:
+            cols = profile.moe_intermediate_size / tp
+            self.expert_bytes /= min(1.0, math.sqrt(cols / THIN_EXPERT_COLS))
+        self.kv_bpt = profile.kv_bytes_per_token_per_gpu(tp, pp, cfg.kv_dtype_bytes)
+        self.active_flops_per_token = 2 * profile.active_params / (tp * pp)
+        attn_width = profile.num_heads * (profile.head_dim + profile.qk_rope_head_dim)
+        self.attn_flops_per_ctx = 4 * profile.num_layers / pp * attn_width / tp
+        self.layers = profile.num_layers / pp
+        self.max_graph = 0 if cfg.enforce_eager else min(2 * cfg.max_num_seqs, 512)
+        if capture_sizes(cfg.max_num_seqs, cfg.enforce_eager) == 0:
+            self.max_graph = 0
+
+    def _touched(self, routed_tokens: float) -> float:
+        """Fraction of the experts on a GPU that at least one of `routed_tokens` tokens picks."""
+        p = self.profile
+        if not p.is_moe or routed_tokens <= 0:
+            return 0.0 if p.is_moe else 1.0
+        return 1.0 - (1.0 - p.experts_per_token / p.num_experts) ** routed_tokens
+
+    def _allreduce(self, tokens: float) -> float:
+        tp = self.cfg.tp
+        if tp == 1 or tokens <= 0:
+            return 0.0
+        msg = tokens * self.profile.hidden_size * 2
+        link = self.gpu.link_gbps * 1e9 * LINK_EFFICIENCY
+        latency = self.gpu.link_latency_us * 1e-6 * (1 + 0.35 * (tp - 1))
+        return 2 * self.layers * (2 * (tp - 1) / tp * msg / link + latency)
+
+    def _alltoall(self, tokens: float) -> float:
+        if not self.ep or tokens <= 0:
+            return 0.0
+        ranks = self.cfg.tp * self.cfg.dp
+        p = self.profile
+        msg = tokens * p.experts_per_token * p.hidden_size * 2 * (ranks - 1) / ranks / self.cfg.tp
+        link = self.gpu.link_gbps * 1e9 * LINK_EFFICIENCY * 0.85
+        moe_layers = p.moe_layers / self.cfg.pp
+        return 2 * moe_layers * (msg / link + 2 * self.gpu.link_latency_us * 1e-6)
+
+    def step(self, num_seqs: int, new_tokens: int, ctx_tokens: float, attn_ctx: float,
+             prefill: bool) -> StepCost:
+        """One step for the whole engine: `num_seqs` scheduled sequences with `new_tokens` tokens in
+        all, `ctx_tokens` KV tokens read, `attn_ctx` = sum over new tokens of their context length.
+        Divided evenly over DP replicas."""
+        if num_seqs <= 0 or new_tokens <= 0:
+            return StepCost(0.0, 0.0, 0.0, 0.0, 0.0)
+        dp = self.cfg.dp
+        tokens = new_tokens / dp
+        routed = new_tokens if self.ep else tokens
+        bytes_read = self.dense_bytes + self.expert_bytes * self._touched(routed) + ctx_tokens / dp * self.kv_bpt
+        memory_s = bytes_read / self.bandwidth
+        compute_s = (tokens * self.active_flops_per_token + attn_ctx / dp * self.attn_flops_per_ctx) / self.flops
+        comm_s = self._allreduce(tokens) + self._alltoall(tokens)
+        overhead = STEP_OVERHEAD_S * (0.6 if self.cfg.async_scheduling else 1.0) + PER_SEQ_OVERHEAD_S * num_seqs / dp
+        if self.max_graph == 0 or (not prefill and num_seqs / dp > self.max_graph):
+            overhead += EAGER_LAUNCH_S * self.layers
+        elif prefill:
+            overhead += PIECEWISE_S * self.layers
+        core = max(memory_s, compute_s) + 0.10 * min(memory_s, compute_s)
+        total = (core + comm_s) * (1 + PP_BUBBLE * (self.cfg.pp - 1)) + overhead
+        return StepCost(total, compute_s, memory_s, comm_s, overhead)
+
+    def decode_step(self, batch: int, context: int) -> StepCost:
+        return self.step(batch, batch, batch * context, batch * context, False)
+
+    def prefill_time(self, prompt: int) -> float:
+        """One prompt prefilled alone, chunked by max-num-batched-tokens."""
+        chunk = self.cfg.max_num_batched_tokens if self.cfg.chunked_prefill else prompt
+        done, total = 0, 0.0
+        while done < prompt:
+            n = min(chunk, prompt - done)
+            total += self.step(1, n, done + n, n * (done + n / 2), True).seconds
+            done += n
+        return total

@@ -1,0 +1,126 @@
+"""The simulator without HTTP: drive the scheduler in simulated time with a synthetic workload.
+
+Search-efficiency benchmarks need hundreds of trials; this runs one in milliseconds to seconds and
+reports the same keys `vllm bench serve` (and autotune's bench) report.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from autotune.perfmodel.predict import Plan
+from autotune.sim.scheduler import Scheduler, SimRequest, SimulatedOOM, prompt_block_hashes
+
+
+@dataclass
+class SimResult:
+    metrics: dict[str, float]
+    oom: str | None = None                     # runtime OOM message when the engine died
+    requests: list[SimRequest] = field(default_factory=list)
+    kv_usage_peak: float = 0.0
+    preemptions: int = 0
+
+
+def _pct(values: list[float], q: float) -> float:
+    return float(np.percentile(values, q)) if values else float("nan")
+
+
+def summarize(done: list[SimRequest], duration: float) -> dict[str, float]:
+    ttft = [(r.token_times[0] - r.arrival) * 1e3 for r in done if r.token_times]
+    tpot = [(r.token_times[-1] - r.token_times[0]) / (len(r.token_times) - 1) * 1e3
+            for r in done if len(r.token_times) > 1]
+    itl = [float(d) * 1e3 for r in done for d in np.diff(r.token_times)]
+    e2el = [(r.token_times[-1] - r.arrival) * 1e3 for r in done if r.token_times]
+    out_tokens = sum(r.output_len for r in done)
+    in_tokens = sum(r.prompt_len for r in done)
+    m: dict[str, float] = {
+        "completed": float(len(done)), "failed": 0.0, "duration": duration,
+        "total_input_tokens": float(in_tokens), "total_output_tokens": float(out_tokens),
+        "output_throughput": out_tokens / duration if duration > 0 else 0.0,
+        "total_token_throughput": (in_tokens + out_tokens) / duration if duration > 0 else 0.0,
+        "request_throughput": len(done) / duration if duration > 0 else 0.0,
+    }
+    for name, vals in (("ttft", ttft), ("tpot", tpot), ("itl", itl), ("e2el", e2el)):
+        m[f"mean_{name}_ms"] = float(np.mean(vals)) if vals else float("nan")
+        m[f"median_{name}_ms"] = _pct(vals, 50)
+        for q in (90, 95, 99):
+            m[f"p{q}_{name}_ms"] = _pct(vals, q)
+    return m
+
+
+def run(plan: Plan, *, num_requests: int, input_len: int, output_len: int, concurrency: int | None = None,
+        request_rate: float | None = None, seed: int = 0, noise: float = 0.0, warmup: int = 0,
+        shared_prefix: int = 0, range_ratio: float = 0.0) -> SimResult:
+    """Closed loop at `concurrency` (a new request as soon as one finishes), or Poisson arrivals at
+    `request_rate` req/s. The first `warmup` completions are left out of the metrics. Lengths are
+    drawn uniformly within +-range_ratio of input_len/output_len (vllm bench's --random-range-ratio)."""
+    if concurrency is None and request_rate is None:
+        raise ValueError("give concurrency or request_rate")
+    sched = Scheduler(plan, seed=seed, noise=noise)
+    rng = random.Random(seed)
+    total = num_requests + warmup
+    made = 0
+
+    def new_request(t: float) -> SimRequest:
+        nonlocal made
+        made += 1
+        n_in = max(1, round(input_len * rng.uniform(1 - range_ratio, 1 + range_ratio)))
+        n_out = max(1, round(output_len * rng.uniform(1 - range_ratio, 1 + range_ratio)))
+        tokens: list[object] = [("p", i) for i in range(min(shared_prefix, n_in))]
+        tokens += [(made, i) for i in range(n_in - len(tokens))]
+        return SimRequest(f"r{made}", n_in, n_out, t, prompt_block_hashes(tokens, plan.config.block_size))
+
+    arrivals: list[tuple[float, int]] = []
+    now = 0.0
+    if concurrency is not None:
+        for _ in range(min(concurrency, total)):
+            sched.add(new_request(0.0))
+    else:
+        t = 0.0
+        for i in range(total):
+            t += rng.expovariate(request_rate)  # type: ignore[arg-type]
+            heapq.heappush(arrivals, (t, i))
+    done: list[SimRequest] = []
+    peak = 0.0
+    oom = None
+    while len(done) < total:
+        while arrivals and arrivals[0][0] <= now:
+            t, _ = heapq.heappop(arrivals)
+            sched.add(new_request(t))
+        try:
+            step = sched.schedule()
+        except SimulatedOOM as e:
+            oom = str(e)
+            break
+        if step is None:
+            if arrivals:
+                now = arrivals[0][0]
+                continue
+            break
+        now += step.cost.seconds
+        finished = sched.advance(step, now)
+        peak = max(peak, sched.kv_usage)
+        for r in finished:
+            done.append(r)
+            if concurrency is not None and made < total:
+                sched.add(new_request(now))
+    measured = done[warmup:]
+    first = min((r.arrival for r in measured), default=0.0)
+    duration = max((r.token_times[-1] for r in measured), default=first) - first
+    metrics = summarize(measured, duration)
+    metrics["failed"] = float(total - len(done))
+    metrics["concurrency"] = float(concurrency or 0)
+    metrics["request_rate"] = float(request_rate or 0)
+    return SimResult(metrics, oom, measured, peak, sched.preemptions)
+
+
+def summary_row(result: SimResult) -> dict[str, Any]:
+    m = result.metrics
+    return {"output_tps": round(m["output_throughput"], 1), "p50_ttft_ms": round(m["median_ttft_ms"], 1),
+            "p99_ttft_ms": round(m["p99_ttft_ms"], 1), "p50_tpot_ms": round(m["median_tpot_ms"], 2),
+            "preemptions": result.preemptions, "kv_peak": round(result.kv_usage_peak, 3), "oom": result.oom}

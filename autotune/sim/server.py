@@ -1,0 +1,250 @@
+"""The twin's HTTP server: vLLM's OpenAI endpoints over the simulated scheduler.
+
+One asyncio task steps the scheduler in simulated time and sleeps until each step's end maps to
+wall time (`sim = (wall - t0) x time_scale`). When the Python side cannot keep one SSE event per
+token (high time scales, many streams), a request's tokens are held and sent together, at most one
+chunk per `flush interval` of wall time; the first and the last token are never held. Every chunk
+carries its tokens' simulated times, and the coalescing shows in the log and in /metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from autotune.perfmodel.predict import Plan
+from autotune.sim.openai import BadRequest, ChunkWriter, ParsedRequest, error_body, parse_request, token_text
+from autotune.sim.scheduler import Scheduler, SimRequest, SimulatedOOM, prompt_block_hashes
+from autotune.sim.telemetry import GpuMeter, prometheus
+
+log = logging.getLogger("autotune.sim")
+
+
+@dataclass
+class _Live:
+    """A request's delivery state: tokens waiting to be sent and the queue the handler reads."""
+
+    sim: SimRequest
+    parsed: ParsedRequest
+    queue: asyncio.Queue[tuple[int, list[float], bool] | None] = field(default_factory=asyncio.Queue)
+    pending: list[float] = field(default_factory=list)
+    sent: int = 0
+    last_flush: float = 0.0
+
+
+class SimServer:
+    def __init__(self, plan: Plan, served_name: str, time_scale: float = 1.0, seed: int = 0,
+                 noise: float = 0.0, max_events_per_s: float = 6000.0):
+        self.plan = plan
+        self.name = served_name
+        self.scale = time_scale
+        self.seed = seed
+        self.sched = Scheduler(plan, seed=seed, noise=noise)
+        self.meter = GpuMeter(plan)
+        self.max_events = max_events_per_s
+        self.t0 = time.monotonic()
+        self.clock = 0.0                       # simulated seconds since ready
+        self.arrivals: list[tuple[float, _Live]] = []
+        self.live: dict[str, _Live] = {}
+        self.wake = asyncio.Event()
+        self.ids = itertools.count(1)
+        self.stream = {"chunks_total": 0.0, "tokens_streamed_total": 0.0, "coalesced_chunks_total": 0.0,
+                       "lag_seconds": 0.0, "time_scale": time_scale}
+        self.coalescing_logged = False
+        self.died: str | None = None
+        self.task: asyncio.Task[None] | None = None
+
+    # ---- time --------------------------------------------------------------------------------
+    def sim_of_wall(self, wall: float | None = None) -> float:
+        return ((time.monotonic() if wall is None else wall) - self.t0) * self.scale
+
+    def wall_of_sim(self, sim: float) -> float:
+        return self.t0 + sim / self.scale
+
+    # ---- the stepping loop ---------------------------------------------------------------------
+    def start(self) -> None:
+        self.t0 = time.monotonic()
+        self.meter.ready = True
+        self.task = asyncio.get_running_loop().create_task(self._loop())
+
+    async def _loop(self) -> None:
+        steps_since_yield = 0
+        while True:
+            self._admit()
+            if self.sched.idle():
+                if self.arrivals:
+                    self.clock = max(self.clock, min(t for t, _ in self.arrivals))
+                    continue
+                self.wake.clear()
+                await self.wake.wait()
+                self.clock = max(self.clock, self.sim_of_wall())
+                continue
+            try:
+                step = self.sched.schedule()
+            except SimulatedOOM as e:
+                self._die(str(e))
+                return
+            if step is None:   # nothing fits right now; let time pass
+                self.clock = max(self.clock + 1e-3, self.sim_of_wall())
+                await asyncio.sleep(0.001)
+                continue
+            t_end = self.clock + step.cost.seconds
+            delay = self.wall_of_sim(t_end) - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+                steps_since_yield = 0
+            else:
+                self.stream["lag_seconds"] = -delay
+                steps_since_yield += 1
+                if steps_since_yield >= 8:
+                    await asyncio.sleep(0)
+                    steps_since_yield = 0
+            self.clock = t_end
+            self.meter.record(step, t_end)
+            self.sched.advance(step, t_end)
+            self._flush(step)
+
+    def _admit(self) -> None:
+        if not self.arrivals:
+            return
+        keep = []
+        for t, lv in self.arrivals:
+            if t <= self.clock or self.sched.idle():
+                self.sched.add(lv.sim)
+            else:
+                keep.append((t, lv))
+        self.arrivals = keep
+
+    def _flush(self, step: Any) -> None:
+        now = time.monotonic()
+        interval = len(self.sched.running) / self.max_events if self.max_events > 0 else 0.0
+        for req, _ in step.items:
+            lv = self.live.get(req.rid)
+            if lv is None or not lv.pending:
+                continue
+            first, last = lv.sent == 0, req.finished
+            if first or last or now - lv.last_flush >= interval:
+                tokens = lv.pending
+                lv.pending = []
+                lv.sent += len(tokens)
+                lv.last_flush = now
+                self.stream["chunks_total"] += 1
+                self.stream["tokens_streamed_total"] += len(tokens)
+                if len(tokens) > 1:
+                    self.stream["coalesced_chunks_total"] += 1
+                    if not self.coalescing_logged:
+                        self.coalescing_logged = True
+                        log.warning("clients cannot take one SSE event per token at time-scale %g with %d "
+                                    "running streams: coalescing tokens into chunks (each chunk carries its "
+                                    "tokens' simulated times in autotune_sim.token_times_s; see "
+                                    "autotune_sim_coalesced_chunks_total)", self.scale, len(self.sched.running))
+                lv.queue.put_nowait((lv.sent, [t - req.arrival for t in tokens], last))
+
+    def _die(self, message: str) -> None:
+        self.died = message
+        for line in ("Traceback (most recent call last):", '  File "autotune/sim/scheduler.py", in schedule',
+                     message, "EngineCore encountered a fatal error."):
+            log.error("%s", line)
+        for lv in self.live.values():
+            lv.queue.put_nowait(None)
+
+    # ---- HTTP ----------------------------------------------------------------------------------
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/version", self.version)
+        app.router.add_get("/metrics", self.metrics)
+        app.router.add_get("/sim/telemetry", self.telemetry)
+        app.router.add_post("/reset_prefix_cache", self.reset_prefix_cache)
+        app.router.add_post("/v1/completions", self.completions)
+        app.router.add_post("/v1/chat/completions", self.chat)
+        return app
+
+    async def health(self, _: web.Request) -> web.Response:
+        return web.Response(status=503 if self.died else 200)
+
+    async def version(self, _: web.Request) -> web.Response:
+        return web.json_response({"version": "0.32.0+sim", "simulated": True})
+
+    async def models(self, _: web.Request) -> web.Response:
+        card = {"id": self.name, "object": "model", "created": int(time.time()), "owned_by": "autotune-sim",
+                "root": self.name, "parent": None, "max_model_len": self.plan.config.max_model_len,
+                "simulated": True, "gpu": self.plan.gpu.name, "num_gpus": self.plan.num_gpus}
+        return web.json_response({"object": "list", "data": [card]})
+
+    async def metrics(self, _: web.Request) -> web.Response:
+        text = prometheus(self.sched, self.name, self.stream, self.clock)
+        return web.Response(text=text, content_type="text/plain", charset="utf-8")
+
+    async def telemetry(self, _: web.Request) -> web.Response:
+        return web.json_response(self.meter.snapshot(max(self.clock, self.sim_of_wall())))
+
+    async def reset_prefix_cache(self, _: web.Request) -> web.Response:
+        self.sched.reset_prefix_cache()
+        return web.Response(status=200)
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, chat=False)
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, chat=True)
+
+    async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
+        arrival = self.sim_of_wall()
+        try:
+            parsed = parse_request(await request.json(), chat, self.plan.config.max_model_len)
+        except (BadRequest, json.JSONDecodeError, UnicodeDecodeError) as e:
+            return web.json_response(error_body(str(e)), status=400)
+        if parsed.model and parsed.model != self.name:
+            return web.json_response(error_body(f"The model `{parsed.model}` does not exist.", 404), status=404)
+        rid = f"{'chatcmpl' if chat else 'cmpl'}-sim{next(self.ids)}"
+        sim = SimRequest(rid, len(parsed.prompt_tokens), parsed.max_tokens, arrival,
+                         prompt_block_hashes(parsed.prompt_tokens, self.plan.config.block_size))
+        lv = _Live(sim, parsed)
+        sim.on_token = lambda r, t, lv=lv: lv.pending.append(t)
+        self.live[rid] = lv
+        self.arrivals.append((arrival, lv))
+        self.wake.set()
+        writer = ChunkWriter(rid, self.name, parsed)
+        try:
+            if not parsed.stream:
+                return await self._whole(lv, writer)
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                                               "x-autotune-simulated": "true",
+                                               "x-autotune-time-scale": str(self.scale)})
+            await resp.prepare(request)
+            while True:
+                item = await lv.queue.get()
+                if item is None:
+                    return resp   # the engine died: the connection ends mid-stream
+                sent, times, last = item
+                text = "".join(token_text(i, self.seed) for i in range(sent - len(times), sent))
+                await resp.write(writer.tokens(text, times, last, sent))
+                if last:
+                    await resp.write(writer.final(sent))
+                    await resp.write_eof()
+                    return resp
+        except (ConnectionResetError, asyncio.CancelledError):
+            self.arrivals = [(t, other) for t, other in self.arrivals if other is not lv]
+            self.sched.abort(rid)
+            raise
+        finally:
+            self.live.pop(rid, None)
+
+    async def _whole(self, lv: _Live, writer: ChunkWriter) -> web.Response:
+        while True:
+            item = await lv.queue.get()
+            if item is None:
+                return web.json_response(error_body("engine died", 500), status=500)
+            sent, _, last = item
+            if last:
+                text = "".join(token_text(i, self.seed) for i in range(sent))
+                return web.json_response(writer.whole(text, sent))

@@ -239,7 +239,7 @@ class StudyLoop:
     def feasible_trials(self) -> list[optuna.trial.FrozenTrial]:
         out = []
         for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-            if t.user_attrs.get("measured") and all(v <= 0 for v in t.constraints):
+            if t.user_attrs.get("measured") and all(v <= 0 for v in t.constraints.values()):
                 out.append(t)
         return out
 

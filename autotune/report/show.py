@@ -25,6 +25,20 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
+SHORT = {"gpu_memory_utilization": "gmu", "max_num_seqs": "seqs", "max_num_batched_tokens": "batched",
+         "enable_chunked_prefill": "chunked", "enable_prefix_caching": "prefix", "tensor_parallel_size": "tp",
+         "data_parallel_size": "dp", "pipeline_parallel_size": "pp", "enable_expert_parallel": "ep",
+         "kv_cache_dtype": "kv", "quantization": "quant"}
+
+
+def compact_params(t: TrialRecord) -> str:
+    """What a trial ran, in a column a person can scan. The baseline ran vLLM's defaults plus any
+    baseline flags, so its flags are shown rather than the defaults it is recorded under."""
+    if t.role == "baseline":
+        return "defaults" + (" " + " ".join(t.flags) if t.flags else "")
+    return " ".join(f"{SHORT.get(k, k)}={_fmt(v)}" for k, v in (t.params or {}).items())
+
+
 def _telemetry_line(study: StudyRecord, t: TrialRecord) -> str:
     if not t.telemetry:
         return ""
@@ -70,20 +84,24 @@ def show_command(args: argparse.Namespace) -> int:
     sim = " (SIMULATED engine)" if any(t.simulated for t in trials) else ""
     console.print(f"study [bold]{study.name}[/]{sim}: model {study.model}, SLO {study.slo}, "
                   f"{len(trials)} trial(s), storage {args.storage}")
+    extra = [(label, key) for label, key, objective in (
+        ("p99 TTFT ms", "p99_ttft_ms", "p99_ttft_ms"), ("p50 TPOT ms", "median_tpot_ms", "p50_tpot_ms"),
+        ("out tok/s", "output_throughput", "output_tps")) if objective not in names
+        and not (objective == "output_tps" and "capacity_tps" in names)]
     table = Table(show_lines=False)
-    for col in ("#", "role", "state", "cause", "flags", *names, "p99 TTFT ms", "p50 TPOT ms", "capacity",
-                "KV tokens", "start s"):
+    for col in ("#", "role", "state", "cause", "params", *names, *[e[0] for e in extra], "load", "KV tokens",
+                "start s"):
         table.add_column(col, overflow="fold")
     for t, r in zip(trials, rows):
-        flags = " ".join(t.flags) if t.flags else "(defaults)"
         table.add_row(str(t.number), t.role, t.state + (" *" if t in front else ""), t.cause or "",
-                      flags, *[_fmt(r["objectives"].get(n)) for n in names], _fmt(r["p99_ttft_ms"]),
-                      _fmt(r["median_tpot_ms"]), _fmt(r["capacity"]), _fmt(t.kv_cache_tokens),
+                      compact_params(t), *[_fmt(r["objectives"].get(n)) for n in names],
+                      *[_fmt(r[key]) for _, key in extra], _fmt(r["capacity"]), _fmt(t.kv_cache_tokens),
                       _fmt(t.startup_seconds))
     console.print(table)
+    console.print("state * = on the Pareto front; load = highest load meeting the SLO (concurrency or req/s)")
     for t in trials:
         line = _telemetry_line(study, t)
-        why = t.detail if t.state != "ok" and t.detail else ""
+        why = t.detail if (t.state != "ok" or t.cause) and t.detail else ""
         if line or why:
             console.print(f"  trial {t.number}: " + "; ".join(x for x in (why, line) if x))
     if front:

@@ -24,7 +24,7 @@ from autotune.errors import UserError
 from autotune.slo import SLO
 
 PROBE_REQUESTS = 20        # single-stream speed settles within a few requests; more only costs time
-MARGIN_CAP = 1.0           # an aborted step's margin is a lower bound; beyond 2x the limit it says little
+MARGIN_CAP = 4.0           # an aborted step's margin is a lower bound; beyond 5x the limit it says little
 DEFAULT_TOLERANCE = 0.03   # stop once the bracket is this narrow relative to its lower end
 GUARD = 0.1                # fraction of the bracket kept clear at each end
 
@@ -76,11 +76,31 @@ class _Search:
             return None
         if (hi[0] - lo[0]) / lo[0] <= self.tolerance:
             return None
-        x = lo[0] + (hi[0] - lo[0]) * (-lo[1]) / (hi[1] - lo[1]) if hi[1] > lo[1] else (lo[0] + hi[0]) / 2
+        x = self._inside(lo, hi)
         w = hi[0] - lo[0]
         x = min(max(x, lo[0] + GUARD * w), hi[0] - GUARD * w)
         x = self._round(x, above=lo[0])
         return x if x < hi[0] else None
+
+    def _inside(self, lo: tuple[float, float], hi: tuple[float, float]) -> float:
+        """Latency rises convexly with load, so the chord from the passing end to the failing end crosses
+        the limit below the truth, and the line through the two highest passing loads crosses above it:
+        aim between the two."""
+        chord = lo[0] + (hi[0] - lo[0]) * (-lo[1]) / (hi[1] - lo[1]) if hi[1] > lo[1] else (lo[0] + hi[0]) / 2
+        below = sorted((x, m) for x, m, ok in self.points if ok and x <= lo[0])
+        if len(below) >= 2:
+            (x0, m0), (x1, m1) = below[-2], below[-1]
+            if m1 > m0 and x1 > x0:
+                ahead = min(hi[0], x1 + (-m1) * (x1 - x0) / (m1 - m0))
+                if ahead > chord:
+                    return chord + self._lean(lo[0], hi[0]) * (ahead - chord)
+        return chord
+
+    def _lean(self, lo: float, hi: float) -> float:
+        """How far from the chord toward the line from below: half way, unless the last two steps both
+        failed, which says the truth lies nearer the chord than the line claims."""
+        last = self.points[-2:]
+        return 0.0 if len(last) == 2 and not last[0][2] and not last[1][2] else 0.5
 
     def _extrapolate(self, lo: tuple[float, float]) -> float:
         passing = sorted((x, m) for x, m, ok in self.points if ok)

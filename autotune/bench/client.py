@@ -44,6 +44,9 @@ class StreamClient:
         self.model, self.endpoint, self.tokenizer = model, endpoint, tokenizer
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._session: aiohttp.ClientSession | None = None
+        # The simulator (`autotune sim-serve`) runs faster than wall time and says so in a header; its
+        # chunks carry each token's simulated time, which then replaces the wall clock's timing.
+        self.time_scale = 1.0
 
     async def __aenter__(self) -> "StreamClient":
         self._session = aiohttp.ClientSession(
@@ -87,8 +90,11 @@ class StreamClient:
         chunks = 0
         usage: dict[str, Any] | None = None
         error: str | None = None
+        sim_times: list[float] = []
         try:
             async with self.session.post(self.url, data=body) as resp:
+                if "x-autotune-time-scale" in resp.headers:
+                    self.time_scale = float(resp.headers["x-autotune-time-scale"])
                 if resp.status != 200:
                     text = (await resp.text())[:200].replace("\n", " ")
                     return self._failed(prompt, start, f"HTTP {resp.status}: {text}")
@@ -126,12 +132,19 @@ class StreamClient:
                         u = obj.get("usage")
                         if u:
                             usage = u
+                        sim = obj.get("autotune_sim")
+                        if sim:
+                            sim_times += sim.get("token_times_s") or []
         except Exception as e:  # noqa: BLE001 - every transport failure is a failed request, counted
             return self._failed(prompt, start, _one_line(e) or type(e).__name__)
         if error is not None or first is None:
             return self._failed(prompt, start, error or "stream ended without a token")
         out_tokens = self._output_tokens(usage, pieces, chunks)
         in_tokens = (usage or {}).get("prompt_tokens") or prompt.input_tokens or 0
+        if sim_times:  # simulated seconds since the request arrived
+            return RequestRecord(start_s=start, ttft_ms=sim_times[0] * 1000.0, e2el_ms=sim_times[-1] * 1000.0,
+                                 itl_ms=[(b - a) * 1000.0 for a, b in zip(sim_times, sim_times[1:])],
+                                 input_tokens=int(in_tokens), output_tokens=out_tokens, ok=True)
         return RequestRecord(start_s=start, ttft_ms=(first - start) * 1000.0, e2el_ms=(last - start) * 1000.0,
                              itl_ms=itl, input_tokens=int(in_tokens), output_tokens=out_tokens, ok=True)
 

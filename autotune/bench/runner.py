@@ -150,7 +150,7 @@ async def _measure(client: StreamClient, arrivals: Arrivals, prompts: Iterator[P
             task.cancel()
     await monitor.stop()
     health = monitor.health()
-    metrics = summarize(records, t1 - t0, slo)
+    metrics = summarize(records, (t1 - t0) * client.time_scale, slo)  # simulated seconds on the simulator
     desc = arrivals.describe()
     if desc.get("request_rate") is not None and not math.isinf(float(desc["request_rate"] or 0)):
         metrics["request_rate"] = float(desc["request_rate"] or 0)

@@ -1,0 +1,158 @@
+"""`autotune bench` over real HTTP on loopback, against the mock server whose behaviour is known."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+from contextlib import asynccontextmanager
+from typing import AsyncIterator
+
+import pytest
+from aiohttp import web
+
+from autotune.bench import find_capacity, parse_workload, run_load
+from autotune.bench.mockserver import MockConfig, build_app
+from autotune.errors import UserError
+from autotune.slo import SLO
+
+W = parse_workload("random:input_len=20,output_len=16")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@asynccontextmanager
+async def mock(**kw) -> AsyncIterator[str]:
+    runner = web.AppRunner(build_app(MockConfig(**kw)))
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
+
+
+async def test_closed_loop_measures_the_batch_model():
+    async with mock(mode="batch", step_ms=4, per_seq_ms=0.5) as url:
+        m = await run_load(url, "mock", W, concurrency=8, num_requests=48, warmup=4, slo=SLO.parse("tpot:p50<=50ms"))
+    x = m.metrics
+    assert x["completed"] == 48 and x["failed"] == 0
+    assert x["total_output_tokens"] == 48 * 16
+    assert x["max_concurrent_requests"] == 8
+    assert x["median_tpot_ms"] == pytest.approx(4 + 0.5 * 8, rel=0.1)     # the model: 8 ms at batch 8
+    assert x["output_throughput"] == pytest.approx(x["total_output_tokens"] / x["duration"])
+    assert x["goodput"] == pytest.approx(x["request_throughput"]) and x["slo_attainment_pct"] == 100.0
+    assert len(m.records) == 48 and not m.client.saturated
+
+
+async def test_failed_requests_are_counted_not_hidden():
+    async with mock(mode="stream", itl_ms=1, fail_every=4) as url:
+        m = await run_load(url, "mock", W, concurrency=4, num_requests=40, slo=SLO.parse("ttft=1s"))
+    assert m.metrics["failed"] == 10 and m.metrics["completed"] == 30
+    bad = [r for r in m.records if not r.ok]
+    assert len(bad) == 10 and all("HTTP 500" in r.error for r in bad)
+    assert m.metrics["slo_attainment_pct"] == pytest.approx(75.0)
+
+
+async def test_chat_endpoint_and_open_loop_rate():
+    async with mock(mode="stream", itl_ms=1) as url:
+        m = await run_load(url, "mock", W, rate=100.0, num_requests=100, endpoint="chat", seed=3)
+    assert m.metrics["completed"] == 100 and m.metrics["total_output_tokens"] == 1600
+    # 100 Poisson arrivals at 100/s span about 1 s (+ one 16 ms stream)
+    assert 0.7 < m.metrics["duration"] < 1.4
+    assert m.load["mode"] == "rate" and m.metrics["request_rate"] == 100.0
+
+
+async def test_duration_bound_run():
+    async with mock(mode="stream", itl_ms=2) as url:
+        m = await run_load(url, "mock", W, concurrency=4, duration_s=0.6)
+    assert 0.55 < m.metrics["duration"] < 0.8
+    assert m.metrics["completed"] >= 40
+
+
+async def test_early_abort_cuts_an_overloaded_step():
+    async with mock(mode="batch", step_ms=4, per_seq_ms=0.5, max_seqs=4) as url:
+        m = await run_load(url, "mock", W, concurrency=64, num_requests=400, slo=SLO.parse("ttft:p99<=100ms"),
+                           abort_on_slo=True)
+    assert m.aborted_early and "ttft" in m.load["abort_reason"]
+    assert m.metrics["completed"] < 100 and m.load["cancelled"] > 0
+
+
+async def test_capacity_search_finds_the_known_concurrency():
+    # TPOT = 2 + 0.25 * batch ms; limit 12.125 ms: highest concurrency meeting it is 40
+    async with mock(mode="batch", step_ms=2, per_seq_ms=0.25) as url:
+        r = await find_capacity(url, "mock", W, SLO.parse("tpot:p50<=12.125ms"), search="concurrency",
+                                requests_per_step=120, warmup=8)
+    assert len(r.steps) <= 6 and r.cache_reset
+    assert 38 <= r.capacity <= 41
+    assert r.at_capacity is not None and r.at_capacity.metrics["median_tpot_ms"] <= 12.125
+
+
+async def test_capacity_records_cache_not_reset_on_404():
+    async with mock(mode="batch", step_ms=2, per_seq_ms=0.25, reset_cache=False) as url:
+        r = await find_capacity(url, "mock", W, SLO.parse("tpot:p50<=4ms"), requests_per_step=20, max_steps=2)
+    assert r.cache_reset is False
+
+
+async def test_unreachable_server_is_a_user_error():
+    with pytest.raises(UserError, match="cannot reach"):
+        await run_load(f"http://127.0.0.1:{free_port()}", "m", W, concurrency=1, num_requests=1)
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "autotune", "bench", *args], capture_output=True, text=True,
+                          timeout=60)
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--url", "http://127.0.0.1:1", "--model", "m", "--concurrency", "1"], "cannot reach"),
+    (["--url", "localhost:8000", "--model", "m", "--concurrency", "1"], "not a base URL"),
+    (["--url", "http://127.0.0.1:1", "--model", "m", "--concurrency", "one"], "invalid int"),
+    (["--url", "http://127.0.0.1:1", "--model", "m", "--rate", "-3"], "must be > 0"),
+    (["--url", "http://127.0.0.1:1", "--model", "m"], "give a load"),
+    (["--url", "http://127.0.0.1:1", "--model", "m", "--concurrency", "1", "--slo", "ttft<1s"], "SLO term"),
+    (["--url", "http://127.0.0.1:1", "--model", "m", "--capacity", "rate"], "needs --slo"),
+    (["--model", "m"], "required"),
+])
+def test_cli_errors_are_one_line_exit_2(args, words):
+    p = cli(*args)
+    assert p.returncode == 2
+    assert words in p.stderr and len(p.stderr.strip().splitlines()) == 1
+
+
+def test_cli_json_uses_vllm_keys(tmp_path):
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "autotune.bench.mockserver", "--port", str(port),
+                               "--mode", "stream", "--itl-ms", "1"], start_new_session=True,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        import time
+        import urllib.request
+        for _ in range(100):
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
+                break
+            except OSError:
+                time.sleep(0.1)
+        out = tmp_path / "r.json"
+        p = cli("--url", f"http://127.0.0.1:{port}", "--model", "mock", "--concurrency", "4", "--num-requests", "20",
+                "--warmup", "2", "--slo", "ttft=1s", "--json", str(out), "--workload", "random:input_len=8,output_len=8")
+        assert p.returncode == 0, p.stderr
+        assert "Output token throughput" in p.stdout
+        data = json.loads(out.read_text())
+        for key in ("output_throughput", "request_throughput", "total_token_throughput", "median_ttft_ms",
+                    "p99_ttft_ms", "median_tpot_ms", "mean_itl_ms", "p99_e2el_ms", "completed", "failed",
+                    "duration", "max_concurrent_requests", "goodput", "slo_attainment_pct", "max_concurrency"):
+            assert key in data, key
+        assert data["completed"] == 20 and data["total_output_tokens"] == 160
+        assert len(data["requests"]) == 20 and data["requests"][0]["ok"] is True
+        assert data["request_rate"] == "inf"
+    finally:
+        server.terminate()
+        server.wait(timeout=10)

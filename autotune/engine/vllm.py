@@ -151,7 +151,7 @@ class VLLMEngine(Engine):
         self._key = hashlib.sha256(json.dumps(self.command).encode()).hexdigest()[:16]
         self._options: set[str] | None = None
         self._version: str | None = None
-        self._last_log: tuple[Path, int] | None = None
+        self._launch_logs: list[tuple[Path, int]] = []  # newest last; banners carry the version
         self._gpu_baseline: dict[int, int] = {}
 
     # -- launching -------------------------------------------------------------------------------------
@@ -181,7 +181,7 @@ class VLLMEngine(Engine):
             popen = spawn(argv, request.log_path, env=env)
         except (FileNotFoundError, PermissionError) as exc:
             raise UserError(f"engine command not found: {argv[0]} ({exc.strerror})") from None
-        self._last_log = (request.log_path, offset)
+        self._launch_logs = [*self._launch_logs[-7:], (request.log_path, offset)]
         return VLLMServer(popen, argv, request, offset, started)
 
     def release_wait(self, port: int, gpus: Sequence[int], timeout_s: float = 60.0) -> None:
@@ -257,7 +257,7 @@ class VLLMEngine(Engine):
         return unknown
 
     def version(self) -> str | None:
-        """From `--version` (cached on disk), else from the banner of the last launch's log."""
+        """From `--version` (cached on disk), else from the banner of the latest launch log that has one."""
         if self._version is not None:
             return self._version
         path = self._cached(".version")
@@ -268,8 +268,11 @@ class VLLMEngine(Engine):
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text((match.group(1) if match else "") + "\n")
         self._version = path.read_text().strip() or None
-        if self._version is None and self._last_log is not None:
-            self._version = parse_startup(_log_since(*self._last_log)).get("engine_version")
+        for log_path, offset in reversed(self._launch_logs if self._version is None else []):
+            # A launch that failed in argparse prints no banner; an earlier one may have.
+            self._version = parse_startup(_log_since(log_path, offset)).get("engine_version")
+            if self._version:
+                break
         return self._version
 
 

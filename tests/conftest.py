@@ -1,0 +1,75 @@
+"""Shared fixtures: the demo model, and one real vLLM CPU-build server per test session.
+
+Starting vLLM costs about 50 s on the 2-core machine, so every test marked `vllm` shares one server.
+Tests that need their own server (different flags, or a server they may kill) launch it themselves.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from autotune.demo_model import write_demo_model
+from autotune.engine import EngineFailure, LaunchRequest, StartupInfo, VLLMEngine, VLLMServer, find_free_port
+
+REPO = Path(__file__).resolve().parents[1]
+LIGHT_FLAGS = ["--dtype", "bfloat16", "--max-model-len", "1024", "--gpu-memory-utilization", "0.15",
+               "--max-num-seqs", "16", "--enforce-eager"]
+
+
+def vllm_cmd() -> list[str]:
+    """How the CPU build is started here (its `vllm` console script is broken)."""
+    return [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
+
+
+def vllm_installed() -> bool:
+    return importlib.util.find_spec("vllm") is not None  # finds it without importing it
+
+
+@dataclass
+class VLLMHandle:
+    url: str            # base URL, e.g. http://127.0.0.1:41573
+    model: str          # the name the server serves (the model path it was given)
+    server: VLLMServer
+    startup: StartupInfo
+
+
+@pytest.fixture(scope="session")
+def vllm_command() -> list[str]:
+    """vllm_cmd() as a fixture, so test modules need not import conftest."""
+    return vllm_cmd()
+
+
+@pytest.fixture(scope="session")
+def light_flags() -> list[str]:
+    """Flags that keep the CPU build light (the shared server uses exactly these)."""
+    return list(LIGHT_FLAGS)
+
+
+@pytest.fixture(scope="session")
+def demo_model_dir() -> Path:
+    return write_demo_model(REPO / "models" / "demo")
+
+
+@pytest.fixture(scope="session")
+def vllm_server(demo_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMHandle]:
+    if not vllm_installed():
+        pytest.skip("vLLM (CPU build) is not installed in this environment")
+    engine = VLLMEngine(vllm_cmd(), cache_dir=tmp_path_factory.mktemp("help-cache"))
+    log_path = tmp_path_factory.mktemp("vllm-server") / "server.log"
+    model = str(demo_model_dir)
+    server = engine.launch(LaunchRequest(model=model, flags=LIGHT_FLAGS, port=find_free_port(),
+                                         log_path=log_path, startup_timeout_s=300))
+    try:
+        startup = server.wait_ready()
+    except EngineFailure as exc:
+        pytest.fail(f"shared vLLM server did not start: {exc}\n{exc.log_tail}")
+    try:
+        yield VLLMHandle(url=server.url, model=model, server=server, startup=startup)
+    finally:
+        server.stop()

@@ -37,7 +37,7 @@ def _own_options(p: argparse.ArgumentParser, serve: bool) -> None:
         g.add_argument("--time-scale", type=float, default=1.0, help="simulated seconds per wall second")
         g.add_argument("--seed", type=int, default=0)
         g.add_argument("--noise", type=float, default=0.0, help="lognormal sigma on step times (0: exact)")
-        g.add_argument("--max-events-per-s", type=float, default=6000.0,
+        g.add_argument("--max-events-per-s", type=float, default=3000.0,
                        help="SSE events per wall second before tokens are coalesced into chunks")
         g.add_argument("--startup-wall-max", type=float, default=3.0,
                        help="cap on the wall seconds spent 'starting' (simulated startup / time scale)")

@@ -25,6 +25,8 @@ from autotune.sim.scheduler import Scheduler, SimRequest, SimulatedOOM, prompt_b
 from autotune.sim.telemetry import GpuMeter, prometheus
 
 log = logging.getLogger("autotune.sim")
+TURNAROUND_S = 0.05  # wall seconds after a step during which a new request still meets the engine's clock
+MAX_LAG_S = 0.02   # wall seconds the stepping loop may fall behind before the simulated clock slows
 
 
 @dataclass
@@ -41,7 +43,7 @@ class _Live:
 
 class SimServer:
     def __init__(self, plan: Plan, served_name: str, time_scale: float = 1.0, seed: int = 0,
-                 noise: float = 0.0, max_events_per_s: float = 6000.0):
+                 noise: float = 0.0, max_events_per_s: float = 3000.0):
         self.plan = plan
         self.name = served_name
         self.scale = time_scale
@@ -56,8 +58,11 @@ class SimServer:
         self.wake = asyncio.Event()
         self.ids = itertools.count(1)
         self.stream = {"chunks_total": 0.0, "tokens_streamed_total": 0.0, "coalesced_chunks_total": 0.0,
-                       "lag_seconds": 0.0, "time_scale": time_scale}
+                       "lag_seconds": 0.0, "wall_slip_seconds_total": 0.0,
+                       "time_scale": time_scale}
         self.coalescing_logged = False
+        self.slip_logged = False
+        self.last_step_wall = 0.0
         self.died: str | None = None
         self.task: asyncio.Task[None] | None = None
 
@@ -84,8 +89,7 @@ class SimServer:
                     continue
                 self.wake.clear()
                 await self.wake.wait()
-                self.clock = max(self.clock, self.sim_of_wall())
-                continue
+                continue   # the arrival's stamp (not the wall clock) moves the clock on
             try:
                 step = self.sched.schedule()
             except SimulatedOOM as e:
@@ -102,14 +106,28 @@ class SimServer:
                 steps_since_yield = 0
             else:
                 self.stream["lag_seconds"] = -delay
+                if -delay > MAX_LAG_S:
+                    self._slip(-delay)
                 steps_since_yield += 1
                 if steps_since_yield >= 8:
                     await asyncio.sleep(0)
                     steps_since_yield = 0
             self.clock = t_end
+            self.last_step_wall = time.monotonic()
             self.meter.record(step, t_end)
             self.sched.advance(step, t_end)
             self._flush(step)
+
+    def _slip(self, lag: float) -> None:
+        """Python could not keep up: slow the simulated clock rather than let requests queue in wall
+        time the simulation never sees (arrivals are stamped with the clock they actually meet)."""
+        self.t0 += lag
+        self.stream["wall_slip_seconds_total"] += lag
+        if not self.slip_logged:
+            self.slip_logged = True
+            log.warning("the simulator cannot keep time scale %g (%.0f ms behind): slowing the simulated clock; "
+                        "simulated times stay exact, wall time per simulated second grows (see "
+                        "autotune_sim_wall_slip_seconds_total)", self.scale, lag * 1e3)
 
     def _admit(self) -> None:
         if not self.arrivals:
@@ -197,8 +215,16 @@ class SimServer:
     async def chat(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, chat=True)
 
+    def _arrival(self) -> float:
+        """While the engine is busy (or just was), a request is stamped with the engine's clock: a
+        client's turnaround of a few wall milliseconds would otherwise become time_scale x that of
+        idle simulated time. An idle engine lets simulated time pass with the wall clock."""
+        if not self.sched.idle() or time.monotonic() - self.last_step_wall < TURNAROUND_S:
+            return self.clock
+        return max(self.clock, self.sim_of_wall())
+
     async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
-        arrival = self.sim_of_wall()
+        arrival = self._arrival()
         try:
             parsed = parse_request(await request.json(), chat, self.plan.config.max_model_len)
         except (BadRequest, json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -219,7 +245,8 @@ class SimServer:
                 return await self._whole(lv, writer)
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                                                "x-autotune-simulated": "true",
-                                               "x-autotune-time-scale": str(self.scale)})
+                                               "x-autotune-time-scale": str(self.scale),
+                                               "x-autotune-sim-arrival": f"{arrival:.6f}"})
             await resp.prepare(request)
             while True:
                 item = await lv.queue.get()

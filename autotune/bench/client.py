@@ -47,6 +47,7 @@ class StreamClient:
         # The simulator (`autotune sim-serve`) runs faster than wall time and says so in a header; its
         # chunks carry each token's simulated time, which then replaces the wall clock's timing.
         self.time_scale = 1.0
+        self.sim_span: tuple[float, float] | None = None   # simulated (first arrival, last token)
 
     async def __aenter__(self) -> "StreamClient":
         self._session = aiohttp.ClientSession(
@@ -95,6 +96,7 @@ class StreamClient:
             async with self.session.post(self.url, data=body) as resp:
                 if "x-autotune-time-scale" in resp.headers:
                     self.time_scale = float(resp.headers["x-autotune-time-scale"])
+                sim_arrival = float(resp.headers.get("x-autotune-sim-arrival", "nan"))
                 if resp.status != 200:
                     text = (await resp.text())[:200].replace("\n", " ")
                     return self._failed(prompt, start, f"HTTP {resp.status}: {text}")
@@ -142,6 +144,9 @@ class StreamClient:
         out_tokens = self._output_tokens(usage, pieces, chunks)
         in_tokens = (usage or {}).get("prompt_tokens") or prompt.input_tokens or 0
         if sim_times:  # simulated seconds since the request arrived
+            if sim_arrival == sim_arrival:  # not NaN
+                lo, hi = self.sim_span or (sim_arrival, sim_arrival)
+                self.sim_span = (min(lo, sim_arrival), max(hi, sim_arrival + sim_times[-1]))
             return RequestRecord(start_s=start, ttft_ms=sim_times[0] * 1000.0, e2el_ms=sim_times[-1] * 1000.0,
                                  itl_ms=[(b - a) * 1000.0 for a, b in zip(sim_times, sim_times[1:])],
                                  input_tokens=int(in_tokens), output_tokens=out_tokens, ok=True)

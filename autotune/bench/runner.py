@@ -131,6 +131,7 @@ async def _measure(client: StreamClient, arrivals: Arrivals, prompts: Iterator[P
 
     monitor = LoopMonitor()
     monitor.start()
+    client.sim_span = None  # warm-up requests are not part of the run
     t0 = time.perf_counter()
     deadline = t0 + duration_s if duration_s else None
     drive = asyncio.create_task(arrivals.drive(prompts, send, deadline=deadline, stop=stop))
@@ -150,7 +151,8 @@ async def _measure(client: StreamClient, arrivals: Arrivals, prompts: Iterator[P
             task.cancel()
     await monitor.stop()
     health = monitor.health()
-    metrics = summarize(records, (t1 - t0) * client.time_scale, slo)  # simulated seconds on the simulator
+    sim = client.sim_span  # on the simulator, the run's length in simulated seconds
+    metrics = summarize(records, (sim[1] - sim[0]) if sim else t1 - t0, slo)
     desc = arrivals.describe()
     if desc.get("request_rate") is not None and not math.isinf(float(desc["request_rate"] or 0)):
         metrics["request_rate"] = float(desc["request_rate"] or 0)

@@ -116,7 +116,7 @@ class StudyLoop:
         leftovers = [p for p in self.store.processes(self.spec.name) if not psutil.pid_exists(p.owner_pid)
                      or p.owner_pid == os.getpid()]
         if leftovers:
-            stopped = kill_leftovers(leftovers)
+            stopped = kill_leftovers([(p.pid, p.pgid, p.create_time) for p in leftovers])
             for p in leftovers:
                 self.store.forget_process(p.id)
             progress.message(f"stopped {len(stopped)} server process(es) left by an earlier run")

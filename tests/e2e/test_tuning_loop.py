@@ -1,0 +1,167 @@
+"""The product, for real: `autotune run` on vLLM's CPU build with the demo model, a deliberately failing
+candidate, a SIGKILL in the middle of a trial and a resume, then `show`, `export`, and a vLLM started
+from the exported config alone."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+import yaml
+
+from autotune.engine.process import find_free_port, spawn, stop_group
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[2]
+AUTOTUNE = [sys.executable, "-m", "autotune"]
+
+
+def _spec(tmp_path: Path, model: Path) -> Path:
+    spec = {
+        "name": "e2e",
+        "model": str(model),
+        "engine": {"kind": "vllm", "command": ["{python}", "-m", "vllm.entrypoints.openai.api_server"],
+                   "extra_flags": ["--dtype", "bfloat16", "--max-model-len", "512", "--enforce-eager"],
+                   "startup_timeout_s": 240},
+        "search_space": {"params": {
+            "gpu_memory_utilization": {"type": "categorical", "choices": [0.1, 0.15, 0.99]},
+            "max_num_seqs": {"type": "int", "low": 4, "high": 16, "log": True},
+            "enable_prefix_caching": {"type": "bool", "default": True}}},
+        "baseline": {"gpu_memory_utilization": 0.1},
+        # 0.99 of the node's memory cannot be had beside the OS and the test runner: a real startup failure
+        "enqueue": [{"gpu_memory_utilization": 0.99, "max_num_seqs": 8}],
+        "workload": {"kind": "random", "input_len": 64, "output_len": 16},
+        "slo": "ttft:p99<=2s",
+        "load": {"mode": "capacity", "search": "concurrency", "max_steps": 3, "requests_per_step": 24, "warmup": 2},
+        "telemetry": {"source": "cpu", "hz": 5},
+        "storage": f"sqlite:///{tmp_path}/e2e.db",
+    }
+    path = tmp_path / "e2e.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+class Run:
+    """`autotune run` in its own session, its stderr collected line by line."""
+
+    def __init__(self, args: list[str], cwd: Path):
+        self.proc = subprocess.Popen([*AUTOTUNE, *args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True, start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    def wait_for(self, predicate, timeout: float) -> None:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if predicate(self.lines):
+                return
+            if self.proc.poll() is not None and not self._reader.is_alive():
+                break
+            time.sleep(0.5)
+        raise AssertionError("condition not met; output:\n" + "\n".join(self.lines[-40:]))
+
+    def finish(self, timeout: float) -> int:
+        code = self.proc.wait(timeout=timeout)
+        self._reader.join(timeout=5)
+        return code
+
+
+def _servers_of(pid_parent_cmd: str) -> list[psutil.Process]:
+    out = []
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        if "vllm.entrypoints.openai.api_server" in cmd and pid_parent_cmd in cmd:
+            out.append(p)
+    return out
+
+
+def _rows(db: Path, sql: str) -> list[tuple]:
+    with sqlite3.connect(db) as conn:
+        return conn.execute(sql).fetchall()
+
+
+def test_tune_kill_resume_show_export(tmp_path: Path, demo_model_dir: Path) -> None:
+    spec = _spec(tmp_path, demo_model_dir)
+    db = tmp_path / "e2e.db"
+    args = ["run", "--study", str(spec), "--n-trials", "3", "--no-progress"]
+
+    # 1. Baseline and the failing candidate complete; SIGKILL autotune while trial 2's server starts.
+    first = Run(args, tmp_path)
+    first.wait_for(lambda ls: any(l.startswith("[trial 2]") for l in ls) and "waiting for /health" in ls[-1],
+                   timeout=420)
+    time.sleep(3)
+    victims = _servers_of(str(demo_model_dir))
+    assert victims, "trial 2's vLLM should be starting"
+    os.kill(first.proc.pid, signal.SIGKILL)
+    first.finish(timeout=30)
+    before = _rows(db, "select number, state, cause, metrics, params from autotune_trials order by number")
+    assert [r[1] for r in before[:2]] == ["ok", "failed"] and before[2][1] == "running"
+    assert before[1][2] == "startup_oom"
+
+    # 2. The same command again: nothing of the killed run survives, the study goes on to 3 trials.
+    second = Run(args, tmp_path)
+    code = second.finish(timeout=600)
+    out = "\n".join(second.lines)
+    assert code == 0, out
+    assert not [p for p in victims if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert not _servers_of(str(demo_model_dir))
+    after = _rows(db, "select number, state, cause, metrics, params from autotune_trials order by number")
+    assert after[:2] == before[:2]                      # earlier trials intact
+    assert after[2][1] == "interrupted"                  # the killed trial, re-queued ...
+    assert json.loads(after[3][4]) == json.loads(before[2][4])   # ... and run again with the same params
+    states = _rows(db, "select state from trials order by number")
+    assert [s for (s,) in states].count("COMPLETE") == 3
+    feasible = _rows(db, "select count(*) from autotune_trials where state = 'ok'")[0][0]
+    assert feasible >= 1
+    failed = _rows(db, "select detail, log_tail from autotune_trials where cause = 'startup_oom'")
+    assert "less than desired CPU memory utilization" in failed[0][0]
+
+    # 3. CPU telemetry of the server's process tree is stored with each measured trial.
+    for (telemetry,) in _rows(db, "select telemetry from autotune_trials where state in ('ok', 'infeasible')"):
+        t = json.loads(telemetry)
+        assert t["source"] == "cpu" and t["cpu_pct_mean"] > 10 and t["rss_peak_mib"] > 100
+
+    # 4. show lists every trial with its cause; export writes a config vLLM starts from on its own.
+    show = subprocess.run([*AUTOTUNE, "show", "--storage", f"sqlite:///{db}"], capture_output=True, text=True,
+                          timeout=60)
+    assert show.returncode == 0 and "startup_oom" in show.stdout and "Pareto front" in show.stdout
+    best = tmp_path / "best.yaml"
+    exp = subprocess.run([*AUTOTUNE, "export", "--storage", f"sqlite:///{db}", "--format", "vllm-yaml",
+                          "-o", str(best)], capture_output=True, text=True, timeout=60)
+    assert exp.returncode == 0, exp.stderr
+    config = yaml.safe_load(best.read_text())
+    assert config["model"] == str(demo_model_dir) and config["max-model-len"] == 512
+    port = find_free_port()
+    proc = spawn([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--config", str(best),
+                  "--host", "127.0.0.1", "--port", str(port)], tmp_path / "from-config.log")
+    try:
+        deadline = time.monotonic() + 240
+        status = None
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                status = httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code
+                if status == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(1)
+        assert status == 200, (tmp_path / "from-config.log").read_text()[-3000:]
+    finally:
+        stop_group(proc.pid, proc.pid, grace_s=15, popen=proc)

@@ -20,7 +20,7 @@ from autotune.spec import (StudySpec, build_spec, check_engine_command, check_mo
 from autotune.store.repository import ResultStore, storage_exists
 from autotune.telemetry import auto_source, get_source
 from autotune.telemetry.base import TelemetrySource
-from autotune.tuner.host import nvml_gpus
+from autotune.tuner.host import catalog_gpu_name, nvml_gpus
 
 DEFAULT_TRIALS = 30
 CPU_DEFAULTS: dict[str, Any] = {
@@ -168,7 +168,7 @@ def _predictor(spec: StudySpec) -> Any:
         gpus = [g for g in nvml_gpus() if g["index"] in spec.gpus]
         if not gpus:
             return None
-        gpu, num = gpus[0]["name"], len(gpus)
+        gpu, num = catalog_gpu_name(gpus[0]["name"]), len(gpus)
     return lambda flags: predict_launch(spec.model, flags, gpu, num)
 
 

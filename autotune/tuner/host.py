@@ -36,6 +36,18 @@ def nvml_gpus() -> list[dict[str, Any]]:
             pass
 
 
+def catalog_gpu_name(nvml_name: str) -> str | None:
+    """NVML's marketing name ("NVIDIA H100 80GB HBM3", "NVIDIA A800-SXM4-80GB") -> the simulator
+    catalog's name, so the memory model can judge real candidates too; None when not in the catalog."""
+    upper = nvml_name.upper()
+    if "40GB" in upper:
+        return None  # the catalog's A100 is the 80 GB part
+    for key in ("H200", "H100", "A800", "A100", "L40S"):
+        if key in upper:
+            return {"H100": "H100-SXM", "A100": "A100-80G"}.get(key, key)
+    return None
+
+
 def cpu_model() -> str:
     try:
         with open("/proc/cpuinfo") as f:

@@ -22,6 +22,7 @@ from autotune.bench import find_capacity, parse_workload, run_load
 from autotune.bench.results import CapacityResult, Measurement
 from autotune.engine.base import Engine, EngineFailure, LaunchRequest, Server, StartupInfo
 from autotune.engine.process import find_free_port
+from autotune.errors import UserError
 from autotune.spec import StudySpec
 from autotune.store.repository import ResultStore
 from autotune.telemetry import objectives as telemetry_objectives
@@ -111,6 +112,10 @@ class TrialRunner:
         t0 = time.monotonic()
         try:
             measurement, capacity = self._measure(server.url, phase)
+        except UserError:
+            if server.failure() is None:  # the server is up: a real usage error
+                raise
+            measurement, capacity = None, None  # it died under load (e.g. runtime OOM): a failed trial
         finally:
             summary = sampler.stop()
         elapsed = time.monotonic() - t0

@@ -155,7 +155,8 @@ class Scheduler:
                 break
             hits += 1
         self.prefix_queries += req.prompt_len
-        cached = min(hits * self.block_size, req.prompt_len - 1)
+        hits = min(hits, (req.prompt_len - 1) // self.block_size)   # vLLM recomputes the last token
+        cached = hits * self.block_size
         self.prefix_hits += max(cached, 0)
         for h in req.block_hashes[:hits]:
             self.cache.move_to_end(h)

@@ -84,9 +84,6 @@ class SimServer:
         while True:
             self._admit()
             if self.sched.idle():
-                if self.arrivals:
-                    self.clock = max(self.clock, min(t for t, _ in self.arrivals))
-                    continue
                 self.wake.clear()
                 await self.wake.wait()
                 continue   # the arrival's stamp (not the wall clock) moves the clock on
@@ -130,11 +127,15 @@ class SimServer:
                         "autotune_sim_wall_slip_seconds_total)", self.scale, lag * 1e3)
 
     def _admit(self) -> None:
+        """Hand the scheduler every request that has arrived by the simulated clock; an idle engine
+        first jumps to the earliest arrival."""
         if not self.arrivals:
             return
+        if self.sched.idle():
+            self.clock = max(self.clock, min(t for t, _ in self.arrivals))
         keep = []
         for t, lv in self.arrivals:
-            if t <= self.clock or self.sched.idle():
+            if t <= self.clock:
                 self.sched.add(lv.sim)
             else:
                 keep.append((t, lv))

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+import psutil
 import pytest
 
 from autotune.demo_model import write_demo_model
@@ -37,6 +38,13 @@ class VLLMHandle:
     model: str          # the name the server serves (the model path it was given)
     server: VLLMServer
     startup: StartupInfo
+
+
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 @pytest.fixture(scope="session")
@@ -69,7 +77,10 @@ def vllm_server(demo_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) 
         startup = server.wait_ready()
     except EngineFailure as exc:
         pytest.fail(f"shared vLLM server did not start: {exc}\n{exc.log_tail}")
+    family = [server.pid] + [p.pid for p in psutil.Process(server.pid).children(recursive=True)]
     try:
         yield VLLMHandle(url=server.url, model=model, server=server, startup=startup)
     finally:
         server.stop()
+    left = [pid for pid in family if _running(pid)]
+    assert not left, f"shared vLLM server left processes behind: {left}"

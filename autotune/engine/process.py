@@ -46,7 +46,11 @@ class ProcessRecord:
 
 def spawn(argv: Sequence[str], log_path: Path, env: Mapping[str, str] | None = None,
           cwd: Path | None = None) -> subprocess.Popen[bytes]:
-    """Start argv in a new session (so its own process group), stdout+stderr appended to log_path."""
+    """Start argv in a new session (so its own process group), stdout+stderr appended to log_path.
+
+    The parent-death signal fires when the *thread* that called spawn exits, not only the process:
+    call it from the main thread or a thread that lives as long as the server should.
+    """
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
         return subprocess.Popen(

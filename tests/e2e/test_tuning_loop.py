@@ -83,12 +83,17 @@ class Run:
         return code
 
 
-def _servers_of(pid_parent_cmd: str) -> list[psutil.Process]:
+def _servers_in(cwd: Path) -> list[psutil.Process]:
+    """vLLM servers started by this test's runs (they inherit the run's working directory; other
+    servers of the demo model may be running beside the test)."""
     out = []
     for p in psutil.process_iter(["cmdline"]):
         cmd = " ".join(p.info["cmdline"] or [])
-        if "vllm.entrypoints.openai.api_server" in cmd and pid_parent_cmd in cmd:
-            out.append(p)
+        try:
+            if "vllm.entrypoints.openai.api_server" in cmd and Path(p.cwd()) == cwd:
+                out.append(p)
+        except psutil.Error:
+            continue
     return out
 
 
@@ -107,7 +112,7 @@ def test_tune_kill_resume_show_export(tmp_path: Path, demo_model_dir: Path) -> N
     first.wait_for(lambda ls: any(l.startswith("[trial 2]") for l in ls) and "waiting for /health" in ls[-1],
                    timeout=420)
     time.sleep(3)
-    victims = _servers_of(str(demo_model_dir))
+    victims = _servers_in(tmp_path)
     assert victims, "trial 2's vLLM should be starting"
     os.kill(first.proc.pid, signal.SIGKILL)
     first.finish(timeout=30)
@@ -121,7 +126,7 @@ def test_tune_kill_resume_show_export(tmp_path: Path, demo_model_dir: Path) -> N
     out = "\n".join(second.lines)
     assert code == 0, out
     assert not [p for p in victims if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-    assert not _servers_of(str(demo_model_dir))
+    assert not _servers_in(tmp_path)
     after = _rows(db, "select number, state, cause, metrics, params from autotune_trials order by number")
     assert after[:2] == before[:2]                      # earlier trials intact
     assert after[2][1] == "interrupted"                  # the killed trial, re-queued ...

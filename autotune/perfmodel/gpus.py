@@ -22,7 +22,7 @@ class GPU:
     fp8_tflops: float | None     # dense; None: no FP8 tensor cores (Ampere runs FP8 weight-only)
     int8_tops: float
     link_gbps: float             # GPU-to-GPU bandwidth, GB/s one direction (NVLink, else PCIe)
-    link_latency_us: float       # per collective hop
+    link_latency_us: float       # small-message collective latency (custom all-reduce, NVLink)
     tdp_w: float
     idle_w: float
     max_sm_mhz: float
@@ -47,11 +47,11 @@ _CATALOG: dict[str, GPU] = {
     g.name: g
     for g in (
         # A800: A100 silicon with NVLink cut to 400 GB/s both ways (REFERENCE §3).
-        GPU("A800", 79.15, 2.039, 312, None, 624, 200, 12, 400, 60, 1410, 210, "ampere", True),
-        GPU("A100-80G", 79.15, 2.039, 312, None, 624, 300, 10, 400, 60, 1410, 210, "ampere", False),
-        GPU("H100-SXM", 79.11, 3.35, 989, 1979, 1979, 450, 8, 700, 75, 1980, 345, "hopper", True),
-        GPU("H200", 139.8, 4.8, 989, 1979, 1979, 450, 8, 700, 79, 1980, 345, "hopper", True),
-        GPU("L40S", 44.39, 0.864, 362, 733, 733, 32, 20, 350, 35, 2520, 210, "ada", False),
+        GPU("A800", 79.15, 2.039, 312, None, 624, 200, 7, 400, 60, 1410, 210, "ampere", True),
+        GPU("A100-80G", 79.15, 2.039, 312, None, 624, 300, 7, 400, 60, 1410, 210, "ampere", False),
+        GPU("H100-SXM", 79.11, 3.35, 989, 1979, 1979, 450, 5, 700, 75, 1980, 345, "hopper", True),
+        GPU("H200", 139.8, 4.8, 989, 1979, 1979, 450, 5, 700, 79, 1980, 345, "hopper", True),
+        GPU("L40S", 44.39, 0.864, 362, 733, 733, 32, 15, 350, 35, 2520, 210, "ada", False),
     )
 }
 _ALIASES = {"H100": "H100-SXM", "H100SXM": "H100-SXM", "A100": "A100-80G", "A100-80GB": "A100-80G",

@@ -26,6 +26,7 @@ from autotune.slo import SLO
 PROBE_REQUESTS = 20        # single-stream speed settles within a few requests; more only costs time
 MARGIN_CAP = 4.0           # an aborted step's margin is a lower bound; beyond 5x the limit it says little
 DEFAULT_TOLERANCE = 0.03   # stop once the bracket is this narrow relative to its lower end
+FINAL_SHAVE = 0.01         # the last step aims this much below the estimated crossing
 GUARD = 0.1                # fraction of the bracket kept clear at each end
 
 
@@ -64,7 +65,9 @@ class _Search:
         passes = [(x, m) for x, m, ok in self.points if ok and (hi is None or x < hi[0])]
         return (max(passes) if passes else None), hi
 
-    def next_load(self) -> float | None:
+    def next_load(self, final: bool = False) -> float | None:
+        """The next load to measure, None when done. On the `final` step the aim drops by FINAL_SHAVE:
+        only a passing step can raise the answer, and near the crossing a step passes or fails by noise."""
         lo, hi = self.bracket()
         if lo is None:
             return None                                 # even the lowest load broke the SLO
@@ -76,9 +79,11 @@ class _Search:
             return None
         if (hi[0] - lo[0]) / lo[0] <= self.tolerance:
             return None
-        x = self._inside(lo, hi)
+        x = self._inside(lo, hi) * (1.0 - FINAL_SHAVE if final else 1.0)
         w = hi[0] - lo[0]
         x = min(max(x, lo[0] + GUARD * w), hi[0] - GUARD * w)
+        if self.integer:
+            return float(min(max(int(round(x)), int(lo[0]) + 1), int(hi[0]) - 1))
         x = self._round(x, above=lo[0])
         return x if x < hi[0] else None
 
@@ -163,7 +168,7 @@ async def find_capacity(base_url: str, model: str, workload: Workload, slo: SLO,
     first = start if start is not None else 1.0
     await step(float(int(first)) if integer else first, probe=start is None)
     while len(steps) < max_steps:
-        nxt = searcher.next_load()
+        nxt = searcher.next_load(final=len(steps) == max_steps - 1)
         if nxt is None:
             break
         await step(nxt, probe=False)

@@ -118,7 +118,10 @@ def build_app(cfg: MockConfig) -> web.Application:
         return web.Response(text="") if cfg.reset_cache else web.Response(status=404, text="Not Found")
 
     async def sends(request: web.Request) -> web.Response:
-        return web.json_response(state["sends"])
+        out = web.json_response(state["sends"])
+        if request.method == "DELETE":
+            state["sends"] = []
+        return out
 
     async def complete(request: web.Request) -> web.StreamResponse:
         t_recv = time.perf_counter()
@@ -182,6 +185,7 @@ def build_app(cfg: MockConfig) -> web.Application:
     app.router.add_get("/health", health)
     app.router.add_post("/reset_prefix_cache", reset)
     app.router.add_get("/mock/sends", sends)
+    app.router.add_delete("/mock/sends", sends)   # read and clear
     app.router.add_post("/v1/completions", complete)
     app.router.add_post("/v1/chat/completions", complete)
     return app

@@ -29,7 +29,8 @@ DEFAULT_NUM_REQUESTS = 200
 ABORT_POLL_S = 0.05   # how often in-flight requests are checked against TTFT/E2EL limits
 
 
-def _arrivals(concurrency: int | None, rate: float | None, burstiness: float, seed: int) -> Arrivals:
+def _arrivals(concurrency: int | None, rate: float | None, burstiness: float, seed: int,
+              num_requests: int | None) -> Arrivals:
     if concurrency is not None and concurrency < 1:
         raise UserError(f"concurrency must be >= 1, got {concurrency}")
     if rate is not None and not rate > 0:
@@ -41,7 +42,7 @@ def _arrivals(concurrency: int | None, rate: float | None, burstiness: float, se
     if rate is None:
         assert concurrency is not None
         return ClosedLoop(concurrency)
-    return OpenLoop(rate, burstiness, seed, cap=concurrency)
+    return OpenLoop(rate, burstiness, seed, cap=concurrency, exact_n=num_requests)
 
 
 async def check_server(client: StreamClient) -> None:
@@ -63,7 +64,6 @@ async def run_load(base_url: str, model: str, workload: Workload, *, concurrency
     Poisson or gamma by `burstiness`, capped at `concurrency` if both are given. Bounded by
     `num_requests` (default 200) or `duration_s`. `abort_on_slo` ends the run once `slo` is clearly lost
     (capacity search); in-flight requests are then cancelled and not counted."""
-    arrivals = _arrivals(concurrency, rate, burstiness, seed)
     if num_requests is not None and num_requests < 1:
         raise UserError(f"num_requests must be >= 1, got {num_requests}")
     if duration_s is not None and not duration_s > 0:
@@ -72,6 +72,7 @@ async def run_load(base_url: str, model: str, workload: Workload, *, concurrency
         raise UserError(f"warmup must be >= 0, got {warmup}")
     if num_requests is None and duration_s is None:
         num_requests = DEFAULT_NUM_REQUESTS
+    arrivals = _arrivals(concurrency, rate, burstiness, seed, num_requests)
     tok = load_tokenizer(tokenizer, model)
     stream = workload.iter_prompts(seed, tok)
     warm = list(islice(stream, warmup))

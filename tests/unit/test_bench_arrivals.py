@@ -78,3 +78,12 @@ async def test_open_loop_cap_limits_in_flight():
     await OpenLoop(rate=float("inf"), cap=3).drive(iter([Prompt("x", 1)] * 12), send, deadline=None,
                                                    stop=asyncio.Event())
     assert peak == 3
+
+
+def test_exact_n_offers_exactly_the_rate_and_keeps_the_shape():
+    loop = OpenLoop(rate=40.0, seed=0, exact_n=200)
+    gaps = loop.intervals(200)
+    assert gaps[1:].sum() == pytest.approx(199 / 40.0)
+    raw = OpenLoop(rate=40.0, seed=0).intervals(200)
+    assert np.corrcoef(gaps[1:], raw[1:])[0, 1] == pytest.approx(1.0)   # same draws, rescaled
+    assert len(loop.intervals(300)) == 300                                 # and it goes on past n

@@ -14,7 +14,7 @@ def run(curve, integer, truth_check, max_steps=6, upper=1024.0, first=1.0):
         m = curve(load)
         s.add(load, m, m <= 0)
         loads.append(load)
-        load = s.next_load()
+        load = s.next_load(final=len(loads) == max_steps - 1)
     lo, _ = s.bracket()
     return (lo[0] if lo else None), loads
 

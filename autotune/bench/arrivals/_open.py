@@ -21,17 +21,26 @@ class OpenLoop(Arrivals):
 
     mode = "rate"
 
-    def __init__(self, rate: float, burstiness: float = 1.0, seed: int = 0, cap: int | None = None) -> None:
+    def __init__(self, rate: float, burstiness: float = 1.0, seed: int = 0, cap: int | None = None,
+                 exact_n: int | None = None) -> None:
         if not rate > 0:
             raise ValueError("rate must be > 0")
         if not burstiness > 0:
             raise ValueError("burstiness must be > 0")
         self.rate, self.burstiness, self.seed, self.cap = float(rate), float(burstiness), seed, cap
+        self.exact_n = exact_n
 
     def gaps(self) -> Iterator[float]:
-        """Seconds between sends, without end; the first request goes at once, like vLLM's client."""
+        """Seconds between sends, without end; the first request goes at once, like vLLM's client.
+
+        With `exact_n`, the first exact_n - 1 gaps are scaled so that they average exactly 1/rate: a
+        200-request step keeps its Poisson shape but offers the rate it claims (one seed's draw can
+        otherwise run 10 % slow, and a capacity search compares steps that share a seed)."""
         rng = np.random.default_rng(self.seed)
         yield 0.0
+        if self.exact_n and self.exact_n > 1 and not math.isinf(self.rate):
+            first = rng.gamma(shape=self.burstiness, scale=1.0 / (self.rate * self.burstiness), size=self.exact_n - 1)
+            yield from (first * ((self.exact_n - 1) / self.rate / first.sum())).tolist()
         while True:
             yield 0.0 if math.isinf(self.rate) else \
                 float(rng.gamma(shape=self.burstiness, scale=1.0 / (self.rate * self.burstiness)))

@@ -181,7 +181,7 @@ class StudySpec(_Strict):
 
     def identity_hash(self) -> str:
         """What the trials were measured under (budget and storage are not part of it)."""
-        body = self.model_dump(exclude={"budget", "storage", "name"})
+        body = self.model_dump(exclude={"budget", "storage", "name", "enqueue"})
         body["engine"].pop("env", None)  # environment may carry secrets and does not change the landscape
         return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()[:16]
 

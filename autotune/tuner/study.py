@@ -55,14 +55,17 @@ class StudyResult:
     stopped_by: str | None    # None | "timeout" | "SIGINT" | "SIGTERM"
 
 
-def make_sampler(spec: StudySpec) -> optuna.samplers.BaseSampler:
+def make_sampler(spec: StudySpec, trials_so_far: int = 0) -> optuna.samplers.BaseSampler:
+    """The seed moves on with the trials already in the study: a resumed run with the spec's fixed seed
+    would otherwise replay the very candidates the killed run already measured."""
+    seed = spec.seed + 7919 * trials_so_far
     if spec.sampler == "random":
-        return optuna.samplers.RandomSampler(seed=spec.seed)
+        return optuna.samplers.RandomSampler(seed=seed)
     if spec.sampler == "nsga2":
-        return optuna.samplers.NSGAIISampler(seed=spec.seed)
+        return optuna.samplers.NSGAIISampler(seed=seed)
     if spec.sampler == "gp":
-        return optuna.samplers.GPSampler(seed=spec.seed)
-    return optuna.samplers.TPESampler(seed=spec.seed, multivariate=True, n_startup_trials=5)
+        return optuna.samplers.GPSampler(seed=seed)
+    return optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=5)
 
 
 def log_dir_for(spec: StudySpec) -> Path:
@@ -95,7 +98,8 @@ class StudyLoop:
         storage = optuna.storages.RDBStorage(self.spec.storage_url, engine_kwargs=(
             {"connect_args": {"timeout": 30}} if self.spec.storage_url.startswith("sqlite") else {}))
         self.study = optuna.create_study(study_name=self.spec.name, storage=storage, load_if_exists=True,
-                                         directions=self.spec.directions(), sampler=make_sampler(self.spec))
+                                         directions=self.spec.directions())
+        self.study.sampler = make_sampler(self.spec, len(self.study.get_trials(deepcopy=False)))
         if list(self.study.directions) != [optuna.study.StudyDirection.MAXIMIZE if d == "maximize" else
                                            optuna.study.StudyDirection.MINIMIZE for d in self.spec.directions()]:
             from autotune.errors import UserError
@@ -129,15 +133,21 @@ class StudyLoop:
             progress.message(f"re-queued {len(stale)} trial(s) interrupted by a killed run")
 
     def _ensure_baseline(self) -> None:
-        if any(t.user_attrs.get("role") == "baseline" for t in self.study.get_trials(deepcopy=False)):
-            return
-        params = self.space.baseline_params()
-        for k, v in (self.spec.baseline or {}).items():
-            if k in self.space.params and self.space.params[k].contains(v):
-                params[k] = v
-        self.study.enqueue_trial(params, user_attrs={"role": "baseline", "enqueued": sorted(params)})
+        """The baseline first, then the spec's `enqueue:` candidates not yet run (a resumed study picks
+        up candidates added to the spec since)."""
+        trials = self.study.get_trials(deepcopy=False)
+        if not any(t.user_attrs.get("role") == "baseline" for t in trials):
+            params = self.space.baseline_params()
+            for k, v in (self.spec.baseline or {}).items():
+                if k in self.space.params and self.space.params[k].contains(v):
+                    params[k] = v
+            self.study.enqueue_trial(params, user_attrs={"role": "baseline", "enqueued": sorted(params)})
+        done = {t.user_attrs.get("spec_candidate") for t in trials}
         for extra in self.spec.enqueue:
-            self.study.enqueue_trial(extra, user_attrs={"role": "enqueued", "enqueued": sorted(extra)})
+            key = json.dumps(extra, sort_keys=True)
+            if key not in done:
+                self.study.enqueue_trial(extra, user_attrs={"role": "enqueued", "enqueued": sorted(extra),
+                                                            "spec_candidate": key})
 
     def _requeue(self, params: dict[str, Any], role: str, number: int) -> None:
         self.study.enqueue_trial(params, user_attrs={"role": role, "enqueued": sorted(params),

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import re
 import shlex
+import time
 from pathlib import Path
 from typing import Any
 
@@ -175,8 +176,9 @@ def _predictor(spec: StudySpec) -> Any:
 def run_command(args: argparse.Namespace) -> int:
     from autotune.tuner.study import StudyLoop
 
+    started = time.monotonic()
     parts = prepare(args)
-    loop = StudyLoop(**parts, live=False if args.no_progress else None)
+    loop = StudyLoop(**parts, live=False if args.no_progress else None, started=started)
     result = loop.run()
     spec: StudySpec = parts["spec"]
     msg = (f"study {spec.name}: {result.complete} complete trial(s), {result.feasible} feasible; "

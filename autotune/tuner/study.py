@@ -77,7 +77,7 @@ def log_dir_for(spec: StudySpec) -> Path:
 class StudyLoop:
     def __init__(self, spec: StudySpec, space: SearchSpace, engine: Engine, telemetry: TelemetrySource,
                  n_trials: int, timeout_s: float | None, fixed_flags: Sequence[str], engine_command: list[str],
-                 predict: Any = None, live: bool | None = None):
+                 predict: Any = None, live: bool | None = None, started: float | None = None):
         self.spec = spec
         self.space = space
         self.engine = engine
@@ -88,6 +88,7 @@ class StudyLoop:
         self.engine_command = engine_command
         self.predict = predict
         self.live = live
+        self.started = time.monotonic() if started is None else started   # --timeout counts from here
         self.slo = spec.slo_obj
         self.headroom_constraint = spec.telemetry.require_headroom
         self._stop_reason: str | None = None
@@ -164,7 +165,7 @@ class StudyLoop:
             self._ensure_baseline()
             self.runner = TrialRunner(self.spec, self.engine, self.telemetry, self.store, self.log_dir,
                                       self.fixed_flags, self.predict)
-            deadline = None if self.timeout_s is None else time.monotonic() + self.timeout_s
+            deadline = None if self.timeout_s is None else self.started + self.timeout_s
             with _interrupts(self, deadline):
                 try:
                     while self.complete_count() < self.n_trials:
@@ -229,6 +230,10 @@ class StudyLoop:
         trial.set_user_attr("cause", outcome.cause)
         self.study.tell(trial, told)
         evidence = outcome_evidence(outcome)
+        if outcome.startup is not None and outcome.startup.engine_version:
+            # The API server has no --version: its version is known once one launch has logged its banner.
+            self.engine_version = outcome.startup.engine_version
+        evidence["engine_version"] = self.engine_version
         measured = dict(zip(self.spec.objectives, values)) if values is not None else {}
         self.store.save_trial(self.record.id, trial.number, objectives=measured, constraints=constraints,
                               finished_at=utcnow(), **evidence)

@@ -146,6 +146,9 @@ class TrialRunner:
             return m, None
 
         def on_step(step: Any) -> None:
+            if step.measurement.aborted_early:
+                phase(f"capacity search: {load.search} {step.load:g} -> SLO clearly broken, step cut short")
+                return
             met = "meets SLO" if step.slo_met else "breaks SLO"
             phase(f"capacity search: {load.search} {step.load:g} -> "
                   f"{step.measurement.metrics.get('output_throughput', 0):.0f} tok/s, {met}")

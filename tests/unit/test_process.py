@@ -26,15 +26,16 @@ TREE = textwrap.dedent("""
     import os, signal, sys, time
     pids = []
     for escape in (False, True):
+        # the ignoring child inherits SIG_IGN at fork, so it ignores SIGTERM before the test can send one
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if escape else signal.SIG_IGN)
         pid = os.fork()
         if pid == 0:
             if escape:
                 os.setsid()
-            else:
-                signal.signal(signal.SIGTERM, signal.SIG_IGN)
             time.sleep(60)
             os._exit(0)
         pids.append(pid)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     print("children", *pids, flush=True)
     time.sleep(60)
 """)

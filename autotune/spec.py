@@ -50,7 +50,7 @@ class EngineSpec(_Strict):
     @classmethod
     def _flags(cls, v: Any) -> Any:
         if isinstance(v, dict):
-            from autotune.space.flags import mapping_to_flags
+            from autotune.flags import mapping_to_flags
             return mapping_to_flags(v)
         return [str(x) for x in v] if isinstance(v, list) else v
 

@@ -84,3 +84,66 @@ def vllm_server(demo_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) 
         server.stop()
     left = [pid for pid in family if _running(pid)]
     assert not left, f"shared vLLM server left processes behind: {left}"
+
+
+class AutotuneRun:
+    """`python -m autotune ARGS` in its own session with its output collected line by line, so a test
+    can wait for a moment in a study (a trial starting, a load step) and then signal it."""
+
+    def __init__(self, args: list[str], cwd: Path):
+        import os
+        import subprocess
+        import threading
+
+        self.proc = subprocess.Popen([sys.executable, "-m", "autotune", *args], cwd=cwd, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    def wait_for(self, predicate, timeout: float) -> None:
+        import time
+
+        end = time.monotonic() + timeout
+        while time.monotonic() < end and self.proc.poll() is None:
+            if predicate(self.lines):
+                return
+            time.sleep(0.2)
+        raise AssertionError("condition not met; output:\n" + "\n".join(self.lines[-40:]))
+
+    def finish(self, timeout: float) -> int:
+        code = self.proc.wait(timeout=timeout)
+        self._reader.join(timeout=5)
+        return code
+
+
+def _servers_in(cwd: Path, marker: str) -> list:
+    """Server processes (command line containing `marker`) started from `cwd`: servers inherit the
+    working directory of the run that launched them, which tells them from others on the machine."""
+    import psutil
+
+    out = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if marker in " ".join(p.info["cmdline"] or []) and Path(p.cwd()) == cwd:
+                out.append(p)
+        except psutil.Error:
+            continue
+    return out
+
+
+@pytest.fixture()
+def autotune_run() -> type[AutotuneRun]:
+    return AutotuneRun
+
+
+@pytest.fixture()
+def servers_in():
+    """`servers_in(cwd, marker)`: the server processes a test's runs left (should be none)."""
+    return _servers_in

@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from autotune.space.flags import flags_to_mapping
+from autotune.flags import flags_to_mapping
 from autotune.store.models import StudyRecord, TrialRecord
 
 

@@ -16,6 +16,7 @@ from typing import Any, Sequence
 import yaml
 
 from autotune.errors import UserError
+from autotune.flags import mapping_to_flags
 from autotune.perfmodel.gpus import GPU
 from autotune.perfmodel.profiles import ModelProfile
 
@@ -114,16 +115,7 @@ def expand_config_file(argv: Sequence[str]) -> list[str]:
             raise UserError(f"cannot read --config {path}: {e}") from None
         if not isinstance(data, dict):
             raise UserError(f"--config {path}: expected a mapping of flag names to values")
-        flags: list[str] = []
-        for key, value in data.items():
-            flag = "--" + str(key).replace("_", "-")
-            if value is True:
-                flags.append(flag)
-            elif value is False:
-                flags.append("--no-" + flag[2:])
-            else:
-                flags += [flag, str(value)]
-        out = flags + out
+        out = mapping_to_flags(data) + out
     return out
 
 

@@ -1,7 +1,7 @@
 """Search spaces: YAML -> Optuna distributions, known constraints, rendering to vLLM flags."""
 
 from autotune.space.constraints import violations
-from autotune.space.flags import flag_names, flags_to_mapping, mapping_to_flags
+from autotune.flags import flag_names, flags_to_mapping, mapping_to_flags
 from autotune.space.params import ParamSpec
 from autotune.space.space import SPACES_DIR, SearchSpace
 

@@ -18,7 +18,7 @@ import yaml
 
 from autotune.errors import UserError
 from autotune.space.constraints import violations
-from autotune.space.flags import flags_to_mapping, mapping_to_flags
+from autotune.flags import flags_to_mapping, mapping_to_flags
 from autotune.space.params import ParamSpec
 
 SPACES_DIR = Path(__file__).resolve().parents[2] / "search_spaces"

@@ -10,7 +10,6 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -52,67 +51,22 @@ def _spec(tmp_path: Path, model: Path) -> Path:
     return path
 
 
-class Run:
-    """`autotune run` in its own session, its stderr collected line by line."""
-
-    def __init__(self, args: list[str], cwd: Path):
-        self.proc = subprocess.Popen([*AUTOTUNE, *args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True, start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        self.lines: list[str] = []
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line.rstrip("\n"))
-
-    def wait_for(self, predicate, timeout: float) -> None:
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            if predicate(self.lines):
-                return
-            if self.proc.poll() is not None and not self._reader.is_alive():
-                break
-            time.sleep(0.5)
-        raise AssertionError("condition not met; output:\n" + "\n".join(self.lines[-40:]))
-
-    def finish(self, timeout: float) -> int:
-        code = self.proc.wait(timeout=timeout)
-        self._reader.join(timeout=5)
-        return code
-
-
-def _servers_in(cwd: Path) -> list[psutil.Process]:
-    """vLLM servers started by this test's runs (they inherit the run's working directory; other
-    servers of the demo model may be running beside the test)."""
-    out = []
-    for p in psutil.process_iter(["cmdline"]):
-        cmd = " ".join(p.info["cmdline"] or [])
-        try:
-            if "vllm.entrypoints.openai.api_server" in cmd and Path(p.cwd()) == cwd:
-                out.append(p)
-        except psutil.Error:
-            continue
-    return out
-
-
 def _rows(db: Path, sql: str) -> list[tuple]:
     with sqlite3.connect(db) as conn:
         return conn.execute(sql).fetchall()
 
 
-def test_tune_kill_resume_show_export(tmp_path: Path, demo_model_dir: Path) -> None:
+def test_tune_kill_resume_show_export(autotune_run, servers_in, tmp_path: Path, demo_model_dir: Path) -> None:
     spec = _spec(tmp_path, demo_model_dir)
     db = tmp_path / "e2e.db"
     args = ["run", "--study", str(spec), "--n-trials", "3", "--no-progress"]
 
     # 1. Baseline and the failing candidate complete; SIGKILL autotune while trial 2's server starts.
-    first = Run(args, tmp_path)
+    first = autotune_run(args, tmp_path)
     first.wait_for(lambda ls: any(l.startswith("[trial 2]") for l in ls) and "waiting for /health" in ls[-1],
                    timeout=420)
     time.sleep(3)
-    victims = _servers_in(tmp_path)
+    victims = servers_in(tmp_path, "vllm.entrypoints.openai.api_server")
     assert victims, "trial 2's vLLM should be starting"
     os.kill(first.proc.pid, signal.SIGKILL)
     first.finish(timeout=30)
@@ -121,12 +75,12 @@ def test_tune_kill_resume_show_export(tmp_path: Path, demo_model_dir: Path) -> N
     assert before[1][2] == "startup_oom"
 
     # 2. The same command again: nothing of the killed run survives, the study goes on to 3 trials.
-    second = Run(args, tmp_path)
+    second = autotune_run(args, tmp_path)
     code = second.finish(timeout=600)
     out = "\n".join(second.lines)
     assert code == 0, out
     assert not [p for p in victims if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-    assert not _servers_in(tmp_path)
+    assert not servers_in(tmp_path, "vllm.entrypoints.openai.api_server")
     after = _rows(db, "select number, state, cause, metrics, params from autotune_trials order by number")
     assert after[:2] == before[:2]                      # earlier trials intact
     assert after[2][1] == "interrupted"                  # the killed trial, re-queued ...

@@ -4,20 +4,13 @@ real HTTP, real SQLite; seconds per trial instead of minutes)."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import sqlite3
-import subprocess
-import sys
-import threading
-import time
 from pathlib import Path
 
-import psutil
 import pytest
 import yaml
 
-AUTOTUNE = [sys.executable, "-m", "autotune"]
 
 
 def _spec(tmp_path: Path) -> Path:
@@ -37,63 +30,25 @@ def _spec(tmp_path: Path) -> Path:
     return path
 
 
-class Run:
-    def __init__(self, args: list[str], cwd: Path):
-        self.proc = subprocess.Popen([*AUTOTUNE, *args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True, start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        self.lines: list[str] = []
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line.rstrip("\n"))
-
-    def wait_for(self, predicate, timeout: float) -> None:
-        end = time.monotonic() + timeout
-        while time.monotonic() < end and self.proc.poll() is None:
-            if predicate(self.lines):
-                return
-            time.sleep(0.2)
-        raise AssertionError("condition not met:\n" + "\n".join(self.lines[-30:]))
-
-    def finish(self, timeout: float) -> int:
-        code = self.proc.wait(timeout=timeout)
-        self._reader.join(timeout=5)
-        return code
-
-
-def _sim_servers(cwd: Path) -> list[psutil.Process]:
-    out = []
-    for p in psutil.process_iter(["cmdline"]):
-        try:
-            if "sim-serve" in " ".join(p.info["cmdline"] or []) and Path(p.cwd()) == cwd:
-                out.append(p)
-        except psutil.Error:
-            continue
-    return out
-
-
 def _evidence(db: Path) -> list[tuple]:
     with sqlite3.connect(db) as conn:
         return conn.execute("select number, state, cause, params, role from autotune_trials order by number").fetchall()
 
 
-def test_sigterm_interrupts_then_resume_finishes_without_replaying(tmp_path: Path) -> None:
+def test_sigterm_interrupts_then_resume_finishes_without_replaying(autotune_run, servers_in, tmp_path: Path) -> None:
     spec = _spec(tmp_path)
     args = ["run", "--study", str(spec), "--n-trials", "5", "--no-progress"]
-    first = Run(args, tmp_path)
+    first = autotune_run(args, tmp_path)
     first.wait_for(lambda ls: any(l.startswith("[trial 2]") for l in ls) and "capacity search" in ls[-1], 180)
     first.proc.send_signal(signal.SIGTERM)
     assert first.finish(60) == 143
     assert "stopped by SIGTERM" in first.lines[-1]
-    assert not _sim_servers(tmp_path)
+    assert not servers_in(tmp_path, "sim-serve")
     rows = _evidence(tmp_path / "loop.db")
     assert rows[-1][1:3] == ("interrupted", "interrupted")
     interrupted_params = json.loads(rows[-1][3])
 
-    second = Run(args, tmp_path)
+    second = autotune_run(args, tmp_path)
     assert second.finish(300) == 0, "\n".join(second.lines)
     rows = _evidence(tmp_path / "loop.db")
     with sqlite3.connect(tmp_path / "loop.db") as conn:
@@ -102,28 +57,28 @@ def test_sigterm_interrupts_then_resume_finishes_without_replaying(tmp_path: Pat
     assert json.loads(rows[3][3]) == interrupted_params        # the interrupted candidate ran again first
     searched = [r[3] for r in rows if r[4] == "search" and r[1] != "interrupted"]
     assert len(searched) == len(set(searched))                  # the resumed sampler did not replay candidates
-    assert not _sim_servers(tmp_path)
+    assert not servers_in(tmp_path, "sim-serve")
 
 
-def test_timeout_stops_this_invocation_and_the_next_one_continues(tmp_path: Path) -> None:
+def test_timeout_stops_this_invocation_and_the_next_one_continues(autotune_run, servers_in, tmp_path: Path) -> None:
     spec = _spec(tmp_path)
-    first = Run(["run", "--study", str(spec), "--n-trials", "50", "--timeout", "25s", "--no-progress"], tmp_path)
+    first = autotune_run(["run", "--study", str(spec), "--n-trials", "50", "--timeout", "25s", "--no-progress"], tmp_path)
     assert first.finish(120) == 0
     assert "stopped by timeout" in first.lines[-1]
     done = [r for r in _evidence(tmp_path / "loop.db") if r[1] != "interrupted"]
     assert 1 <= len(done) < 50
-    second = Run(["run", "--study", str(spec), "--n-trials", str(len(done) + 1), "--no-progress"], tmp_path)
+    second = autotune_run(["run", "--study", str(spec), "--n-trials", str(len(done) + 1), "--no-progress"], tmp_path)
     assert second.finish(120) == 0, "\n".join(second.lines)
     assert len([r for r in _evidence(tmp_path / "loop.db") if r[1] != "interrupted"]) == len(done) + 1
-    assert not _sim_servers(tmp_path)
+    assert not servers_in(tmp_path, "sim-serve")
 
 
 @pytest.mark.parametrize("signame", ["SIGINT"])
-def test_ctrl_c_is_handled_like_sigterm(tmp_path: Path, signame: str) -> None:
+def test_ctrl_c_is_handled_like_sigterm(autotune_run, servers_in, tmp_path: Path, signame: str) -> None:
     spec = _spec(tmp_path)
-    run = Run(["run", "--study", str(spec), "--n-trials", "3", "--no-progress"], tmp_path)
+    run = autotune_run(["run", "--study", str(spec), "--n-trials", "3", "--no-progress"], tmp_path)
     run.wait_for(lambda ls: any(l.startswith("[trial 1]") for l in ls) and "capacity search" in ls[-1], 180)
     run.proc.send_signal(getattr(signal, signame))
     assert run.finish(60) == 130
     assert _evidence(tmp_path / "loop.db")[-1][1] == "interrupted"
-    assert not _sim_servers(tmp_path)
+    assert not servers_in(tmp_path, "sim-serve")

@@ -14,10 +14,10 @@ class CharTokenizer:
     vocab_size = 26
 
     def encode(self, text):
-        return [ord(c) - 97 for c in text if "a" <= c <= "z"]
+        return [26 if c == "\n" else ord(c) - 97 for c in text if "a" <= c <= "z" or c == "\n"]
 
     def decode(self, ids):
-        return "".join(chr(97 + i) for i in ids)
+        return "".join("\n" if i == 26 else chr(97 + i) for i in ids)
 
 
 def test_parse_text_and_mapping_agree():

@@ -92,4 +92,28 @@ def random_text(rng: np.random.Generator, n_tokens: int, tokenizer: Tokenizer | 
         else:
             enc = enc + [int(i) for i in rng.integers(0, vocab, n_tokens - len(enc)) if int(i) not in special]
         text = tokenizer.decode(enc)
-    return text, len(tokenizer.encode(text))
+    text, count = _trim(text, n_tokens, tokenizer)
+    for _ in range(4 * (n_tokens - count)):      # top up a short cut one random token at a time
+        if count == n_tokens:
+            break
+        candidate = text + tokenizer.decode([int(rng.integers(0, vocab))])
+        c = len(tokenizer.encode(candidate))
+        if c <= n_tokens:
+            text, count = candidate, c
+    return text, count
+
+
+def _trim(text: str, n_tokens: int, tokenizer: Tokenizer) -> tuple[str, int]:
+    """Decoding and re-encoding can merge or split tokens at every try; cut the text at the longest
+    character prefix that holds at most `n_tokens` (bisection: a few encodes), and report its count."""
+    count = len(tokenizer.encode(text))
+    if count <= n_tokens:
+        return text, count
+    lo, hi = 0, len(text)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if len(tokenizer.encode(text[:mid])) <= n_tokens:
+            lo = mid
+        else:
+            hi = mid
+    return text[:lo], len(tokenizer.encode(text[:lo]))

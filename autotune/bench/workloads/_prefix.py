@@ -31,7 +31,8 @@ class PrefixWorkload(Workload):
         rng = np.random.default_rng(seed)
         prefix, n_prefix = random_text(rng, self.prefix_len, tokenizer)
         while True:
-            suffix, n_suffix = random_text(rng, self.suffix_len, tokenizer)
+            # the newline between prefix and suffix is a token of its own in most vocabularies
+            suffix, _ = random_text(rng, max(1, self.suffix_len - 1), tokenizer)
             text = prefix + "\n" + suffix
             counted = None if tokenizer is None else len(tokenizer.encode(text))
             yield Prompt(text, self.output_len, counted)

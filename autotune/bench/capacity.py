@@ -98,10 +98,10 @@ class _Search:
             if m1 > m0 and x1 > x0:
                 ahead = min(hi[0], x1 + (-m1) * (x1 - x0) / (m1 - m0))
                 if ahead > chord:
-                    return chord + self._lean(lo[0], hi[0]) * (ahead - chord)
+                    return chord + self._lean() * (ahead - chord)
         return chord
 
-    def _lean(self, lo: float, hi: float) -> float:
+    def _lean(self) -> float:
         """How far from the chord toward the line from below: half way, unless the last two steps both
         failed, which says the truth lies nearer the chord than the line claims."""
         last = self.points[-2:]

@@ -45,7 +45,7 @@ def build_parser() -> OneLineParser:
     p.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of arrivals: 1 Poisson, <1 bursty")
     p.add_argument("--num-requests", type=int, help="measured requests (default 200)")
     p.add_argument("--duration", type=float, help="measure for this many seconds instead of a count")
-    p.add_argument("--warmup", type=int, default=0, help="unmeasured requests sent first")
+    p.add_argument("--warmup", type=int, help="unmeasured requests sent first (default 0; capacity: 16 per step)")
     p.add_argument("--slo", help="e.g. ttft=1s or ttft:p95<=800ms,tpot:p99<=50ms (goodput, capacity)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tokenizer", help="tokenizer directory or tokenizer.json (default: the model's, if local)")
@@ -82,7 +82,7 @@ def _run(args) -> int:  # type: ignore[no-untyped-def]
             raise UserError("--capacity needs --slo: capacity is the highest load meeting it")
         result = asyncio.run(find_capacity(
             args.url, args.model, workload, slo, search=args.capacity, max_steps=args.max_steps,
-            requests_per_step=args.requests_per_step, warmup=args.warmup or 16, seed=args.seed,
+            requests_per_step=args.requests_per_step, warmup=16 if args.warmup is None else args.warmup, seed=args.seed,
             tokenizer=args.tokenizer, start=args.start, upper=args.upper, endpoint=args.endpoint,
             timeout_s=args.timeout, on_step=lambda s: print(
                 f"step: load {s.load:g} -> {'met' if s.slo_met else 'broke'} the SLO", flush=True)))
@@ -94,7 +94,7 @@ def _run(args) -> int:  # type: ignore[no-untyped-def]
         raise UserError("give a load: --concurrency N (closed loop) or --rate R (open loop)")
     m = asyncio.run(run_load(args.url, args.model, workload, concurrency=args.concurrency, rate=rate,
                              burstiness=args.burstiness, num_requests=args.num_requests, duration_s=args.duration,
-                             warmup=args.warmup, slo=slo, seed=args.seed, endpoint=args.endpoint,
+                             warmup=args.warmup or 0, slo=slo, seed=args.seed, endpoint=args.endpoint,
                              tokenizer=args.tokenizer, timeout_s=args.timeout))
     print(format_measurement(m))
     if args.json:

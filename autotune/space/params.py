@@ -10,6 +10,7 @@ from optuna.distributions import (BaseDistribution, CategoricalDistribution, Flo
                                   IntDistribution)
 
 from autotune.errors import UserError
+from autotune.flags import mapping_to_flags
 
 _KINDS = ("int", "float", "bool", "categorical")
 _KEYS = {"type", "low", "high", "step", "log", "choices", "default", "flag", "when", "quality",
@@ -32,6 +33,7 @@ class ParamSpec:
     when: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)   # active only when these params take these values
     quality: bool = False        # changes output quality: searched only with the study's opt-in
     requires_gpus: int = 1       # dropped from the space when fewer GPUs are given
+    layouts: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)   # label -> flags, for composite choices
 
     @classmethod
     def from_mapping(cls, name: str, raw: Any) -> "ParamSpec":
@@ -66,8 +68,16 @@ class ParamSpec:
             return cls(low=low, high=high, step=step, log=log, **common)
         if kind == "categorical":
             choices = raw.get("choices")
+            if isinstance(choices, Mapping) and choices:
+                # composite choices: each label stands for several flags that only make sense together
+                # (a parallel layout), so the sampler never proposes a combination no GPU count allows
+                layouts = {str(k): dict(v or {}) for k, v in choices.items()}
+                if not all(isinstance(v, Mapping) for v in choices.values() if v is not None):
+                    raise UserError(f"{where}: each composite choice maps flag names to values")
+                return cls(choices=tuple(layouts), layouts=layouts, **common)
             if not isinstance(choices, list) or not choices:
-                raise UserError(f"{where}: categorical needs a non-empty list of choices")
+                raise UserError(f"{where}: categorical needs a non-empty list of choices (or a mapping "
+                                f"of labels to flags)")
             return cls(choices=tuple(choices), **common)
         return cls(choices=(True, False), **common)
 
@@ -98,6 +108,8 @@ class ParamSpec:
         """Command-line form. Booleans as --flag / --no-flag (vLLM's BooleanOptionalAction)."""
         if self.kind == "bool":
             return [self.flag] if value else ["--no-" + self.flag[2:]]
+        if self.layouts:
+            return mapping_to_flags(self.layouts[value])
         if self.kind == "categorical" and value in NONE_CHOICES:
             return []
         if self.kind == "float":
@@ -108,4 +120,13 @@ class ParamSpec:
         """Canonical form for the space's fingerprint."""
         return {"name": self.name, "kind": self.kind, "low": self.low, "high": self.high, "step": self.step,
                 "log": self.log, "choices": list(self.choices), "flag": self.flag,
-                "when": {k: list(v) for k, v in sorted(self.when.items())}}
+                "when": {k: list(v) for k, v in sorted(self.when.items())},
+                **({"layouts": {k: dict(v) for k, v in self.layouts.items()}} if self.layouts else {})}
+
+    def gpus_needed(self, value: Any) -> int:
+        """GPUs a composite choice asks for (TP x PP x DP); 1 for anything else."""
+        layout = self.layouts.get(value, {}) if self.layouts else {}
+        n = 1
+        for key in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):
+            n *= int(layout.get(key, 1))
+        return n

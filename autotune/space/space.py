@@ -82,7 +82,13 @@ class SearchSpace:
             if p.quality and not (quality_opt_in is True or
                                   (not isinstance(quality_opt_in, bool) and p.name in quality_opt_in)):
                 continue
-            if p.name.endswith("_parallel_size") and p.kind == "categorical":
+            if p.layouts:
+                choices = tuple(c for c in p.choices if p.gpus_needed(c) <= max(num_gpus, 1))
+                if len(choices) <= 1:
+                    continue
+                p = ParamSpec(**{**p.__dict__, "choices": choices,
+                                 "layouts": {c: p.layouts[c] for c in choices}})
+            elif p.name.endswith("_parallel_size") and p.kind == "categorical":
                 choices = tuple(c for c in p.choices if int(c) <= max(num_gpus, 1))
                 if len(choices) <= 1:
                     continue
@@ -151,7 +157,11 @@ class SearchSpace:
         """Every flag the space can emit, both boolean forms included, for the `--help` check."""
         out: list[str] = []
         for p in self.params.values():
+            if p.layouts:
+                for layout in p.layouts.values():
+                    out += [f for f in mapping_to_flags(layout) if f.startswith("--")]
+                continue
             out.append(p.flag)
             if p.kind == "bool":
                 out.append("--no-" + p.flag[2:])
-        return out
+        return sorted(set(out), key=out.index)

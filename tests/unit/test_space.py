@@ -105,3 +105,28 @@ def test_shipped_spaces_load():
         assert space.params
     with pytest.raises(UserError, match="not found"):
         SearchSpace.load("no-such-space")
+
+
+def test_composite_layouts_never_ask_for_more_gpus_than_given():
+    space = SearchSpace.load("default")
+    four = space.narrowed(4, False).params["parallel_layout"]
+    assert set(four.choices) == {"tp1", "tp2", "dp2", "tp4", "tp2-dp2", "tp2-ep", "tp4-ep"}
+    assert "parallel_layout" not in space.narrowed(1, False).params
+    moe = SearchSpace.load("sim-moe").narrowed(8, False)
+    assert moe.render({"parallel_layout": "tp4-dp2-ep"}) == [
+        "--tensor-parallel-size", "4", "--data-parallel-size", "2", "--enable-expert-parallel"]
+    assert moe.violations({"parallel_layout": "tp4-dp2-ep", "max_num_seqs": 64, "max_num_batched_tokens": 4096},
+                          [], 8) == []
+    names = moe.flag_names()
+    assert "--enable-expert-parallel" in names and "--parallel-layout" not in names
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=3))
+    for _ in range(30):
+        trial = study.ask()
+        params = moe.suggest(trial)
+        assert not moe.violations(params, [], 8) or params["max_num_batched_tokens"] < params["max_num_seqs"]
+        study.tell(trial, 0.0)
+
+
+def test_spaces_without_composite_choices_keep_their_fingerprint():
+    # resumed studies compare fingerprints: adding composite choices must not move the old ones
+    assert SearchSpace.load("default").narrowed(1, False).fingerprint() == "7f44934b2792ec0b"

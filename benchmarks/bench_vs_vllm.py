@@ -20,7 +20,6 @@ import os
 import platform
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.request

@@ -114,7 +114,9 @@ class _Window:
 class MetricsScraper:
     """Polls `{server_url}/metrics` in a background thread and fills the vLLM fields of a summary."""
 
-    def __init__(self, server_url: str, hz: float = 2.0, timeout_s: float = 0.5,
+    # A busy server answers /metrics late (its event loop is streaming tokens); a short timeout would
+    # drop exactly the scrapes taken under load and leave only the idle ones (seen on the CPU build).
+    def __init__(self, server_url: str, hz: float = 2.0, timeout_s: float = 5.0,
                  transport: httpx.BaseTransport | None = None, series_capacity: int = 1024) -> None:
         self.url = server_url.rstrip("/") + "/metrics"
         self.period = 1.0 / hz if hz > 0 else 0.5

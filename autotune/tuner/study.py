@@ -40,8 +40,10 @@ from autotune.tuner.trial import TrialOutcome, TrialRunner, outcome_evidence
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
-class Interrupted(Exception):
-    """The invocation was stopped (signal or timeout); `reason` says which."""
+class Interrupted(KeyboardInterrupt):
+    """The invocation was stopped (signal or timeout); `reason` says which. A KeyboardInterrupt, so
+    that no `except Exception` on the way (an HTTP client counting a failed request) can swallow it,
+    and asyncio stops its loop at once instead of parking it in a task."""
 
     def __init__(self, reason: str):
         super().__init__(reason)

@@ -26,6 +26,9 @@ class FakeServer(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         elapsed = time.monotonic() - self.t0
+        if self.path == "/slow/metrics":      # a server busy streaming answers /metrics late
+            time.sleep(1.0)
+            self.path = "/metrics"
         if self.path == "/metrics":
             body = (f'vllm:num_requests_running{{model_name="m"}} {min(64, int(elapsed * 100))}\n'
                     f'vllm:num_requests_waiting{{model_name="m"}} {int(elapsed * 10) % 5}\n'
@@ -107,3 +110,14 @@ def test_sim_server_gone_is_marked_not_fatal() -> None:
     s = sampler.stop()
     assert s.samples == 0 and s.mean_power_w is None and "not read" in (s.note or "")
     assert s.preemptions is None
+
+
+def test_scrapes_answered_late_under_load_still_count(server_url: str) -> None:
+    from autotune.telemetry.metrics import MetricsScraper
+
+    scraper = MetricsScraper(server_url + "/slow", hz=4)
+    scraper.start()
+    time.sleep(2.5)
+    scraper.stop()
+    assert scraper.window.errors == 0
+    assert scraper.series.seen >= 2 and scraper.window.peak.get("running", 0) > 0

@@ -3,12 +3,12 @@ server's whole process tree (API server + engine core) and vLLM's own scheduler 
 
 from __future__ import annotations
 
+import asyncio
 import json
-from concurrent.futures import ThreadPoolExecutor
 
-import httpx
 import pytest
 
+from autotune.bench import parse_workload, run_load
 from autotune.telemetry import (TelemetryTarget, format_summary, get_source, objectives, series_for_store,
                                 summary_for_store)
 
@@ -16,19 +16,14 @@ pytestmark = [pytest.mark.vllm, pytest.mark.e2e]
 
 
 def test_cpu_source_records_the_server_under_load(vllm_server) -> None:
-    def one(i: int) -> int:
-        r = httpx.post(f"{vllm_server.url}/v1/completions", timeout=120, json={
-            "model": vllm_server.model, "prompt": f"tell me {i} things " * 8, "max_tokens": 64,
-            "ignore_eos": True, "temperature": 0.0})
-        r.raise_for_status()
-        return r.json()["usage"]["completion_tokens"]
-
+    # the load the trial runner itself sends: streamed completions from autotune's own client
+    workload = parse_workload({"kind": "random", "input_len": 64, "output_len": 64})
     sampler = get_source("cpu").sampler(TelemetryTarget(server_pid=vllm_server.server.pid,
                                                         server_url=vllm_server.url), hz=10)
     sampler.start()
-    with ThreadPoolExecutor(8) as pool:
-        tokens = sum(pool.map(one, range(48)))
+    m = asyncio.run(run_load(vllm_server.url, vllm_server.model, workload, concurrency=8, num_requests=48))
     s = sampler.stop()
+    tokens = int(m.metrics["total_output_tokens"])
 
     assert tokens == 48 * 64
     assert s.source == "cpu" and s.samples >= 5

@@ -28,7 +28,9 @@ CPU_DEFAULTS: dict[str, Any] = {
     "search_space": "cpu",
     "workload": {"kind": "random", "input_len": 128, "output_len": 64},
     "load": {"mode": "capacity", "search": "concurrency", "max_steps": 5, "requests_per_step": 48, "warmup": 4},
-    "engine": {"extra_flags": ["--dtype", "bfloat16", "--max-model-len", "1024"]},
+    # vLLM's default memory fraction (0.92 of the NUMA node) cannot be had beside other processes,
+    # so every trial, the baseline included, gets a fixed 0.3
+    "engine": {"extra_flags": ["--dtype", "bfloat16", "--max-model-len", "1024", "--gpu-memory-utilization", "0.3"]},
 }
 
 

@@ -76,3 +76,22 @@ def test_shipped_studies_validate():
     for path in sorted(Path(__file__).resolve().parents[2].glob("studies/*.yaml")):
         spec = build_spec(load_spec_file(path), str(path))
         assert isinstance(spec, StudySpec) and spec.name == path.stem
+
+
+def test_spec_built_from_model_alone_on_a_cpu_host(tmp_path, monkeypatch):
+    """`autotune run --slo ttft=1s --model DIR` with no spec file and no GPU: the CPU space, a light
+    workload, and a memory fraction every trial can get (vLLM's 0.92 default fails beside others)."""
+    import argparse
+
+    from autotune.tuner import command
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(command, "nvml_gpus", lambda: [])
+    args = argparse.Namespace(study=None, model=str(tmp_path), slo="ttft=1s", study_name=None, storage=None,
+                              gpus=None, engine_cmd=None, n_trials=2, timeout=None)
+    raw, _ = command.raw_spec(args)
+    spec = build_spec(command.apply_overrides(raw, args), "t")
+    assert spec.search_space == "cpu" and spec.budget.n_trials == 2 and spec.slo == "ttft=1s"
+    flags = spec.engine.extra_flags
+    assert flags[flags.index("--gpu-memory-utilization") + 1] == "0.3"
+    assert spec.name == f"tune-{tmp_path.name}"

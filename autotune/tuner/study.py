@@ -299,7 +299,3 @@ class _interrupts:
             signal.signal(signal.SIGUSR1, signal.SIG_DFL)
         for s, h in self._old.items():
             signal.signal(s, h)
-
-
-def summary_json(result: StudyResult) -> str:
-    return json.dumps({"complete": result.complete, "feasible": result.feasible, "stopped_by": result.stopped_by})

@@ -43,10 +43,6 @@ class TrialOutcome:
     log_tail: str | None = None
     log_path: str | None = None
 
-    @property
-    def launched(self) -> bool:
-        return self.startup is not None
-
 
 Phase = Callable[[str], None]
 

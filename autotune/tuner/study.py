@@ -70,6 +70,20 @@ def make_sampler(spec: StudySpec, trials_so_far: int = 0) -> optuna.samplers.Bas
     return optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=5)
 
 
+def expected_trial_s(records: Sequence[Any]) -> float | None:
+    """The median wall time of the trials that launched a server (measured or failed, not rejected by a
+    constraint nor interrupted). A trial started with less time than that left before `--timeout` would
+    most likely be cut off, wasting its startup and its slot: on a GPU host split into fixed-length
+    sessions, or an overnight run that must end by morning, it is better to stop cleanly."""
+    walls = sorted((r.finished_at - r.started_at).total_seconds() for r in records
+                   if r.state in ("ok", "failed") and r.cause not in (causes.CONSTRAINT, causes.PREDICTED_OOM)
+                   and r.finished_at is not None and r.started_at is not None)
+    if not walls:
+        return None
+    mid = len(walls) // 2
+    return walls[mid] if len(walls) % 2 else (walls[mid - 1] + walls[mid]) / 2
+
+
 def log_dir_for(spec: StudySpec) -> Path:
     path = sqlite_path(spec.storage_url)
     base = path.parent if path is not None else Path("autotune-logs")
@@ -172,6 +186,13 @@ class StudyLoop:
                 try:
                     while self.complete_count() < self.n_trials:
                         if deadline is not None and time.monotonic() >= deadline:
+                            self._stop_reason = "timeout"
+                            break
+                        expected = expected_trial_s(self.store.trials(self.record.id))
+                        if (deadline is not None and expected is not None
+                                and deadline - time.monotonic() < expected):
+                            progress.message(f"not starting another trial: one takes ~{expected:.0f} s and "
+                                             f"{max(0.0, deadline - time.monotonic()):.0f} s are left")
                             self._stop_reason = "timeout"
                             break
                         self._one(progress)

@@ -5,13 +5,17 @@ the headroom the probe left. While every step passes, the next load extrapolates
 relative margin (measured / limit - 1) linearly through the last two steps; latency curves bend upward
 with load, so the line overshoots and a failing step brackets the crossing quickly. Inside the bracket,
 the secant (regula falsi) picks the next load, kept away from the bracket's ends so that a bent curve
-cannot stall it on one side. A step that clearly breaks the SLO is cut short (abort.py), and the prefix
-cache is reset before each step so one step's cache hits do not flatter the next.
+cannot stall it on one side. A step that clearly breaks the SLO is cut short (abort.py). The prefix
+cache is reset before each step (retried until the server has freed a cut-short step's requests) and
+every step draws its own prompts, so one step's cache hits cannot flatter the next.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import math
+import time
 from typing import Any, Callable
 
 import aiohttp
@@ -28,6 +32,9 @@ MARGIN_CAP = 4.0           # an aborted step's margin is a lower bound; beyond 5
 DEFAULT_TOLERANCE = 0.03   # stop once the bracket is this narrow relative to its lower end
 FINAL_SHAVE = 0.01         # the last step aims this much below the estimated crossing
 GUARD = 0.1                # fraction of the bracket kept clear at each end
+RESET_WAIT_S = 60.0        # how long a refused prefix-cache reset is retried (cancelled requests draining)
+RESET_RETRY_S = 0.5
+STEP_SEED_STRIDE = 1_000_003   # each step draws its own prompts: a failed reset cannot replay a step's prompts
 
 
 def relative_margin(step: LoadStep, slo: SLO) -> float:
@@ -37,16 +44,37 @@ def relative_margin(step: LoadStep, slo: SLO) -> float:
     return min(MARGIN_CAP, max(margins[k] / limits[k] for k in margins))
 
 
-async def reset_prefix_cache(base_url: str) -> bool:
-    """True when the server reset its prefix cache; False on 404 (vLLM without VLLM_SERVER_DEV_MODE=1)
-    or any other refusal, which the result records as 'cache not reset'."""
+async def reset_prefix_cache(base_url: str, wait_s: float = RESET_WAIT_S) -> bool:
+    """True when the server reset its prefix cache; False on 404 (vLLM without VLLM_SERVER_DEV_MODE=1),
+    any other refusal, or a reset still refused after `wait_s`, which the result records as 'cache not
+    reset'. vLLM answers 200 with {"success": false} while blocks are held, which right after a step cut
+    short is normal (its cancelled requests are still being freed); a reset that silently failed there
+    let the next step replay cached prompts (seen on an H200: 65 % prefix hits, an inflated capacity),
+    so a refused reset is retried until the server has drained."""
+    deadline = time.monotonic() + wait_s
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as s:
-            async with s.post(base_url.rstrip("/") + "/reset_prefix_cache") as resp:
-                await resp.read()
-                return resp.status == 200
+            while True:
+                async with s.post(base_url.rstrip("/") + "/reset_prefix_cache") as resp:
+                    body = await resp.read()
+                    if resp.status != 200:
+                        return False
+                if _reset_succeeded(body):
+                    return True
+                if time.monotonic() >= deadline:
+                    return False
+                await asyncio.sleep(RESET_RETRY_S)
     except (aiohttp.ClientError, OSError):
         return False
+
+
+def _reset_succeeded(body: bytes) -> bool:
+    """vLLM returns {"success": bool}; older servers an empty 200, which is taken as done."""
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        return True
+    return bool(doc.get("success", True)) if isinstance(doc, dict) else True
 
 
 class _Search:
@@ -142,18 +170,20 @@ async def find_capacity(base_url: str, model: str, workload: Workload, slo: SLO,
     searcher = _Search(integer, upper if upper is not None else (1024 if integer else math.inf), tolerance)
     steps: list[LoadStep] = []
     cache_reset = True
-    common: dict[str, Any] = dict(slo=slo, seed=seed, endpoint=endpoint, tokenizer=tokenizer, timeout_s=timeout_s,
+    common: dict[str, Any] = dict(slo=slo, endpoint=endpoint, tokenizer=tokenizer, timeout_s=timeout_s,
                                   abort_on_slo=True)
 
     async def step(load: float, probe: bool) -> LoadStep:
         nonlocal cache_reset
         cache_reset = await reset_prefix_cache(base_url) and cache_reset
         n = min(requests_per_step, PROBE_REQUESTS) if probe else requests_per_step
+        seed_i = seed + STEP_SEED_STRIDE * len(steps)
         if probe or integer:
             m = await run_load(base_url, model, workload, concurrency=int(load), num_requests=n,
-                               warmup=min(warmup, 4) if probe else warmup, **common)
+                               warmup=min(warmup, 4) if probe else warmup, seed=seed_i, **common)
         else:
-            m = await run_load(base_url, model, workload, rate=load, num_requests=n, warmup=warmup, **common)
+            m = await run_load(base_url, model, workload, rate=load, num_requests=n, warmup=warmup, seed=seed_i,
+                               **common)
         if probe and start is None and not integer:
             load = float(f"{m.metrics['request_throughput']:.3g}")   # the single stream's own rate
         s = LoadStep(load=load, measurement=m, slo_met=False)

@@ -97,7 +97,7 @@ def _chunk(text: str, chat: bool, model: str) -> bytes:
 
 def build_app(cfg: MockConfig) -> web.Application:
     app = web.Application()
-    state: dict[str, Any] = {"n": 0, "sends": [], "batcher": None}
+    state: dict[str, Any] = {"n": 0, "sends": [], "batcher": None, "resets": []}
 
     async def on_start(app: web.Application) -> None:
         if cfg.mode == "batch":
@@ -115,7 +115,16 @@ def build_app(cfg: MockConfig) -> web.Application:
         return web.Response(text="")
 
     async def reset(request: web.Request) -> web.Response:
-        return web.Response(text="") if cfg.reset_cache else web.Response(status=404, text="Not Found")
+        # Like vLLM: the reset fails while sequences (also ones whose client hung up) still hold blocks.
+        if not cfg.reset_cache:
+            return web.Response(status=404, text="Not Found")
+        b = state.get("batcher")
+        ok = b is None or not (b.running or b.waiting)
+        state["resets"].append(ok)
+        return web.json_response({"success": ok})
+
+    async def resets(request: web.Request) -> web.Response:
+        return web.json_response(state["resets"])
 
     async def sends(request: web.Request) -> web.Response:
         out = web.json_response(state["sends"])
@@ -185,6 +194,7 @@ def build_app(cfg: MockConfig) -> web.Application:
     app.router.add_get("/health", health)
     app.router.add_post("/reset_prefix_cache", reset)
     app.router.add_get("/mock/sends", sends)
+    app.router.add_get("/mock/resets", resets)
     app.router.add_delete("/mock/sends", sends)   # read and clear
     app.router.add_post("/v1/completions", complete)
     app.router.add_post("/v1/chat/completions", complete)

@@ -13,6 +13,7 @@ import pytest
 from aiohttp import web
 
 from autotune.bench import find_capacity, parse_workload, run_load
+from autotune.bench.capacity import reset_prefix_cache
 from autotune.bench.mockserver import MockConfig, build_app
 from autotune.errors import UserError
 from autotune.slo import SLO
@@ -156,3 +157,77 @@ def test_cli_json_uses_vllm_keys(tmp_path):
     finally:
         server.terminate()
         server.wait(timeout=10)
+
+
+@asynccontextmanager
+async def reset_server(answers: list[web.Response]) -> AsyncIterator[tuple[str, list[int]]]:
+    """A server whose /reset_prefix_cache gives `answers` in turn (the last one from then on)."""
+    calls: list[int] = []
+
+    async def reset(_: web.Request) -> web.Response:
+        calls.append(1)
+        return answers[min(len(calls), len(answers)) - 1]
+
+    app = web.Application()
+    app.router.add_post("/reset_prefix_cache", reset)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        yield f"http://127.0.0.1:{port}", calls
+    finally:
+        await runner.cleanup()
+
+
+async def test_a_refused_reset_is_retried_until_the_server_has_drained():
+    # vLLM answers 200 {"success": false} while blocks are still held (a cut-short step's requests)
+    refused, done = web.json_response({"success": False}), web.json_response({"success": True})
+    async with reset_server([refused, web.json_response({"success": False}), done]) as (url, calls):
+        assert await reset_prefix_cache(url, wait_s=10) is True
+    assert len(calls) == 3
+
+
+async def test_a_reset_refused_past_the_wait_is_recorded_as_not_reset():
+    async with reset_server([web.json_response({"success": False})]) as (url, calls):
+        assert await reset_prefix_cache(url, wait_s=1.2) is False
+    assert 2 <= len(calls) <= 5
+
+
+async def test_reset_answers_of_older_servers():
+    async with reset_server([web.Response(text="")]) as (url, calls):
+        assert await reset_prefix_cache(url) is True       # an empty 200: done
+    async with reset_server([web.Response(status=404, text="Not Found")]) as (url, calls):
+        assert await reset_prefix_cache(url) is False
+
+
+async def test_each_capacity_step_draws_its_own_prompts(monkeypatch):
+    # if a reset fails anyway, no step may replay an earlier step's prompts from the prefix cache
+    import autotune.bench.capacity as capacity
+    seeds: list[int] = []
+    real = capacity.run_load
+
+    async def spy(*a, **kw):
+        seeds.append(kw["seed"])
+        return await real(*a, **kw)
+
+    monkeypatch.setattr(capacity, "run_load", spy)
+    async with mock(mode="batch", step_ms=2, per_seq_ms=0.25) as url:
+        r = await find_capacity(url, "mock", W, SLO.parse("tpot:p50<=12.125ms"), requests_per_step=60,
+                                warmup=4, max_steps=4, seed=5)
+    assert len(seeds) == len(r.steps) >= 3 and len(set(seeds)) == len(seeds) and seeds[0] == 5
+    prompts = [W.prompts(64, seed=s) for s in seeds]   # warm-up + measured
+    assert not {p.text for p in prompts[0]} & {p.text for p in prompts[1]}
+
+
+async def test_capacity_search_resets_the_cache_after_a_cut_short_step():
+    # TTFT limit broken hard at high concurrency: steps are cut short with requests in flight; the
+    # mock (like vLLM) refuses a reset until those have left the batch, and the search waits for it
+    async with mock(mode="batch", step_ms=4, per_seq_ms=0.5, max_seqs=8) as url:
+        r = await find_capacity(url, "mock", W, SLO.parse("ttft:p99<=60ms"), requests_per_step=200, warmup=4,
+                                max_steps=4)
+        import aiohttp
+        async with aiohttp.ClientSession() as s, s.get(url + "/mock/resets") as resp:
+            resets = await resp.json()
+    assert any(s.measurement.aborted_early for s in r.steps)
+    assert r.cache_reset is True and resets[-1] is True and len(resets) >= len(r.steps)

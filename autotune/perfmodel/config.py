@@ -20,13 +20,19 @@ from autotune.flags import mapping_to_flags
 from autotune.perfmodel.gpus import GPU
 from autotune.perfmodel.profiles import ModelProfile
 
-# quantization -> (bytes per weight, matmul dtype on GPUs with FP8 tensor cores)
+# quantization -> (bytes per weight of the decoder's Linear layers, matmul dtype on GPUs with FP8 tensor cores)
 _QUANT: dict[str, tuple[float, str]] = {
     "fp8": (1.0, "fp8"), "fbgemm_fp8": (1.0, "fp8"), "modelopt": (1.0, "fp8"), "ptpc_fp8": (1.0, "fp8"),
     "compressed-tensors": (1.0, "int8"), "experts_int8": (1.0, "bf16"),
     "awq": (0.5, "bf16"), "awq_marlin": (0.5, "bf16"), "gptq": (0.5, "bf16"), "gptq_marlin": (0.5, "bf16"),
     "bitsandbytes": (0.5, "bf16"), "gguf": (0.56, "bf16"), "mxfp4": (0.53, "bf16"),
 }
+# Methods that quantize the token embedding and lm_head too. Every other method (and a natively FP8
+# checkpoint) converts only the Linear layers: vLLM's online `--quantization fp8` leaves
+# VocabParallelEmbedding and ParallelLMHead in the model dtype (a 32k-vocab Llama-8B shape measured 7.03 GiB
+# on an H200, not the 6.74 GiB of one byte per parameter), as AWQ/GPTQ/bitsandbytes/MXFP4 checkpoints and
+# DeepSeek-style FP8 checkpoints do. GGUF's bytes per weight are already an average over the whole file.
+_QUANT_INCLUDES_EMBEDDINGS = frozenset({"gguf"})
 _KV_DTYPES = ("auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla")
 _DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
 
@@ -129,7 +135,8 @@ class EngineConfig:
     max_model_len: int
     chunked_prefill: bool
     prefix_caching: bool
-    weight_bytes: float           # per parameter
+    weight_bytes: float           # per parameter of the Linear layers (and routed experts)
+    embedding_bytes: float        # per parameter of the token embedding and lm_head
     compute_dtype: str            # bf16 | fp8 | int8 (matmul dtype)
     kv_dtype_bytes: float
     tp: int
@@ -157,7 +164,7 @@ def resolve(ns: argparse.Namespace, profile: ModelProfile, gpu: GPU) -> EngineCo
     batched = ns.max_num_batched_tokens
     if batched is None:
         batched = batched_default if ns.enable_chunked_prefill else max(max_model_len, batched_default)
-    wbytes, compute = _weights(ns, profile, gpu)
+    wbytes, ebytes, compute = _weights(ns, profile, gpu)
     kv = ns.kv_cache_dtype
     if kv in ("auto", "bfloat16", "float16"):
         kv_bytes = 4.0 if ns.dtype in ("float", "float32") else 2.0
@@ -166,7 +173,8 @@ def resolve(ns: argparse.Namespace, profile: ModelProfile, gpu: GPU) -> EngineCo
     return EngineConfig(
         gmu=ns.gpu_memory_utilization, max_num_seqs=seqs, max_num_batched_tokens=batched,
         max_model_len=max_model_len, chunked_prefill=ns.enable_chunked_prefill,
-        prefix_caching=ns.enable_prefix_caching, weight_bytes=wbytes, compute_dtype=compute,
+        prefix_caching=ns.enable_prefix_caching, weight_bytes=wbytes, embedding_bytes=ebytes,
+        compute_dtype=compute,
         kv_dtype_bytes=kv_bytes, tp=ns.tensor_parallel_size, pp=ns.pipeline_parallel_size,
         dp=ns.data_parallel_size, ep=ns.enable_expert_parallel, block_size=ns.block_size,
         enforce_eager=ns.enforce_eager, async_scheduling=ns.async_scheduling,
@@ -174,18 +182,25 @@ def resolve(ns: argparse.Namespace, profile: ModelProfile, gpu: GPU) -> EngineCo
     )
 
 
-def _weights(ns: argparse.Namespace, profile: ModelProfile, gpu: GPU) -> tuple[float, str]:
+def _weights(ns: argparse.Namespace, profile: ModelProfile, gpu: GPU) -> tuple[float, float, str]:
+    """(bytes per Linear weight, bytes per embedding/lm_head weight, matmul dtype). Quantization
+    changes the Linear layers only (see _QUANT_INCLUDES_EMBEDDINGS), so the embeddings keep the model
+    dtype's width."""
+    model_bytes = 4.0 if ns.dtype in ("float", "float32") else 2.0
+    embed_bytes = model_bytes
     if ns.quantization:
         nbytes, compute = _QUANT[ns.quantization]
+        if ns.quantization in _QUANT_INCLUDES_EMBEDDINGS:
+            embed_bytes = nbytes
     elif profile.native_dtype == "fp8":
         nbytes, compute = 1.0, "fp8"
-    elif ns.dtype in ("float", "float32"):
+    elif model_bytes == 4.0:
         nbytes, compute = 4.0, "fp32"
     else:
         nbytes, compute = 2.0, "bf16"
     if compute == "fp8" and not gpu.fp8_tflops:
         compute = "bf16"  # Ampere: FP8 weights, dequantized into BF16 matmuls (Marlin)
-    return nbytes, compute
+    return nbytes, embed_bytes, compute
 
 
 def build_vllm_parser(prog: str = "api_server.py") -> argparse.ArgumentParser:

@@ -55,14 +55,26 @@ def capture_sizes(max_num_seqs: int, enforce_eager: bool) -> int:
     return sum(1 for s in sizes if s <= top)
 
 
-def weights_gib_per_gpu(profile: ModelProfile, cfg: EngineConfig) -> float:
-    """Dense parts split over TP (and PP); routed experts over TP x DP ranks with expert parallelism,
-    else split over TP and replicated per DP replica."""
-    dense = profile.dense_params * cfg.weight_bytes / (cfg.tp * cfg.pp)
+def dense_weight_bytes(profile: ModelProfile, cfg: EngineConfig) -> float:
+    """Bytes per GPU of everything but the routed experts (read every step by every rank of a TP
+    group): Linear layers at the quantized width, embedding and lm_head at theirs (quantization
+    leaves them 16-bit), plus a profile's unexplained extra; split over TP and PP."""
+    embed = min(profile.embedding_params, profile.dense_params)
+    linear = profile.dense_params - embed
+    whole = linear * cfg.weight_bytes + embed * cfg.embedding_bytes + profile.extra_weights_gib * GiB
+    return whole / (cfg.tp * cfg.pp)
+
+
+def expert_weight_bytes(profile: ModelProfile, cfg: EngineConfig) -> float:
+    """Bytes per GPU of the routed experts: over TP x DP ranks with expert parallelism, else split
+    over TP and replicated per DP replica."""
     expert_ranks = cfg.tp * cfg.dp if (cfg.ep and profile.is_moe) else cfg.tp
-    experts = profile.routed_expert_params * cfg.weight_bytes / (expert_ranks * cfg.pp)
-    extra = profile.extra_weights_gib * GiB / (cfg.tp * cfg.pp)
-    return (dense + experts + extra) / GiB
+    return profile.routed_expert_params * cfg.weight_bytes / (expert_ranks * cfg.pp)
+
+
+def weights_gib_per_gpu(profile: ModelProfile, cfg: EngineConfig) -> float:
+    """What vLLM logs as "Model loading took X GiB" on one GPU."""
+    return (dense_weight_bytes(profile, cfg) + expert_weight_bytes(profile, cfg)) / GiB
 
 
 def activation_gib(profile: ModelProfile, cfg: EngineConfig) -> float:

@@ -106,6 +106,12 @@ class ModelProfile:
         return self.params_total if self.params_total is not None else self._derived_total()
 
     @property
+    def embedding_params(self) -> float:
+        """Token embedding plus lm_head (one matrix when tied): the weights quantization leaves in
+        16-bit, and the part of the dense weights that is not a Linear layer of the decoder."""
+        return float(self.vocab_size * self.hidden_size * (1 if self.tie_embeddings else 2))
+
+    @property
     def dense_params(self) -> float:
         """Everything but the routed experts: read every step by every rank of a TP group."""
         return self.total_params - self.routed_expert_params
@@ -175,7 +181,7 @@ _add(ModelProfile(
     num_experts=256, experts_per_token=8, moe_intermediate_size=1536, num_shared_experts=1,
     first_dense_layers=3, native_dtype="fp8",
     params_total=320e9, params_active=18e9,
-    extra_weights_gib=20.4, kv_bytes_per_token=10813.3, reserved_gib=11.4217,
+    extra_weights_gib=18.6275, kv_bytes_per_token=10813.3, reserved_gib=11.4217,
     graph_base_gib=2.499, graph_per_size_gib=0.01875,
     kernel_efficiency={"ampere": 0.35},
     calibrated=("extra_weights_gib", "kv_bytes_per_token", "reserved_gib", "graph_base_gib",
@@ -184,7 +190,8 @@ _add(ModelProfile(
                 "first_dense_layers", "q_lora_rank"),
     notes=("Architecture NOT public. Public facts used: 320B total / 18B active, FP8 checkpoint, MLA with a "
            "512-dim latent (+64 RoPE), 46 layers (0..45), 1M context (seeds 001/002). Everything else is a "
-           "DeepSeek-V3-style guess, and these are CALIBRATED to seed 001 on 8xA800 at TP8: "
+           "DeepSeek-V3-style guess (embedding and lm_head stay BF16, as in DeepSeek's FP8 checkpoints), and "
+           "these are CALIBRATED to seed 001 on 8xA800 at TP8: "
            "extra_weights_gib makes weights 39.8 GiB/card (MTP head, indexer, scales); "
            "kv_bytes_per_token, reserved_gib (sparse-attention indexer + MTP buffers) and the graph "
            "memory fit reproduce 1,535,933 KV tokens at GMU 0.90/max-num-seqs 256 (graphs 3.46 GiB) "

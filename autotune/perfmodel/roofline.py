@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from autotune.perfmodel.config import EngineConfig
 from autotune.perfmodel.gpus import GPU
-from autotune.perfmodel.memory import capture_sizes
+from autotune.perfmodel.memory import capture_sizes, dense_weight_bytes, expert_weight_bytes
 from autotune.perfmodel.profiles import ModelProfile
 
 BW_EFFICIENCY = 0.80       # achieved HBM fraction streaming weights and KV (real H200 run: TPOT 4.73 ms at batch 1)
@@ -52,12 +52,10 @@ class StepModel:
         eff = profile.kernel_efficiency.get(gpu.arch, 1.0)
         self.bandwidth = gpu.hbm_tbps * 1e12 * BW_EFFICIENCY * eff
         self.flops = gpu.peak_flops(cfg.compute_dtype) * MFU * eff
-        tp, pp, dp = cfg.tp, cfg.pp, cfg.dp
-        wb = cfg.weight_bytes
-        self.dense_bytes = (profile.dense_params * wb + profile.extra_weights_gib * 2**30) / (tp * pp)
+        tp, pp = cfg.tp, cfg.pp
+        self.dense_bytes = dense_weight_bytes(profile, cfg)
         self.ep = cfg.ep and profile.is_moe
-        expert_ranks = tp * dp if self.ep else tp
-        self.expert_bytes = profile.routed_expert_params * wb / (expert_ranks * pp)
+        self.expert_bytes = expert_weight_bytes(profile, cfg)
         if profile.is_moe and not self.ep:
             cols = profile.moe_intermediate_size / tp
             self.expert_bytes /= min(1.0, math.sqrt(cols / THIN_EXPERT_COLS))

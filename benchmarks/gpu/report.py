@@ -52,6 +52,21 @@ def measured(trials: list[Trial]) -> list[Trial]:
     return [t for t in trials if t["state"] == "ok" and t["capacity"]]
 
 
+def cache_evidence(log: Path) -> dict[str, Any]:
+    """From a trial's vLLM log (gzip): prefix-cache resets that vLLM refused ("Failed to reset prefix
+    cache") and the highest "Prefix cache hit rate" its 10 s stat lines printed. Random prompts should
+    never hit the cache; a hit after a refused reset means a step replayed an earlier step's prompts."""
+    import gzip
+    text = gzip.open(log, "rt", errors="replace").read()
+    rates = [float(x) for x in re.findall(r"Prefix cache hit rate: ([0-9.]+)%", text)]
+    return {"failed_resets": text.count("Failed to reset prefix cache"), "max_hit_pct": max(rates, default=None)}
+
+
+def flattered(t: Trial) -> bool:
+    ev = t.get("cache")
+    return bool(ev and ev["failed_resets"] and (ev["max_hit_pct"] or 0) > 0)
+
+
 def fmt(x: Any, nd: int = 0) -> str:
     if x is None:
         return "-"
@@ -111,9 +126,19 @@ def sec_trials(study: dict[str, Any], trials: list[Trial]) -> str:
         rows.append([t["number"], t["role"], state, short_params(t), bracket(cap),
                      fmt(t["objectives"].get("capacity_tps"), 0), fmt(t["metrics"].get("p99_ttft_ms"), 0),
                      fmt(t["metrics"].get("median_tpot_ms"), 2), fmt(t["kv_cache_tokens"]),
-                     fmt(t["startup_seconds"], 1)])
+                     fmt(t["startup_seconds"], 1)] + ([_cache_cell(t)] if any("cache" in x for x in trials) else []))
     return table(["#", "role", "state / cause", "params", "capacity: met / first broken", "capacity_tps (out tok/s)",
-                  "p99 TTFT ms", "p50 TPOT ms", "KV tokens", "startup s"], rows)
+                  "p99 TTFT ms", "p50 TPOT ms", "KV tokens", "startup s"]
+                 + (["refused cache resets / max prefix hit % (vLLM log)"] if any("cache" in x for x in trials) else []),
+                 rows)
+
+
+def _cache_cell(t: Trial) -> str:
+    ev = t.get("cache")
+    if not ev:
+        return "-"
+    cell = f"{ev['failed_resets']} / {fmt(ev['max_hit_pct'], 1)}"
+    return f"**{cell} FLATTERED**" if flattered(t) else cell
 
 
 def bracket(cap: dict[str, Any]) -> str:
@@ -157,7 +182,7 @@ def _ts(s: str) -> float:
 
 
 def _best_tuned(trials: list[Trial], key: Callable[[Trial], float]) -> Trial | None:
-    tuned = [t for t in measured(trials) if t["role"] != "baseline"]
+    tuned = [t for t in measured(trials) if t["role"] != "baseline" and not flattered(t)]
     return max(tuned, key=key, default=None)
 
 
@@ -194,6 +219,11 @@ def sec_goodput(study: dict[str, Any], trials: list[Trial]) -> str:
         row("p50 TPOT ms at capacity", lambda t: t["metrics"]["median_tpot_ms"], 2, False)])]
     for t in cols:
         out += ["", f"Capacity steps of #{t['number']} ({t['role']}, {short_params(t)}):", "", _steps(t)]
+    for t in (t for t in measured(trials) if flattered(t)):
+        out += ["", f"Left out above, flattered by the prefix cache: #{t['number']} ({short_params(t)}), recorded "
+                f"capacity {fmt(t['capacity']['capacity'], 0)} and capacity_tps "
+                f"{fmt(t['objectives']['capacity_tps'], 0)}; its vLLM log shows {t['cache']['failed_resets']} refused "
+                f"cache reset(s) and prefix hit rates up to {t['cache']['max_hit_pct']:.1f} %. Its steps:", "", _steps(t)]
     same = _repeats(trials)
     if same:
         a, c = same
@@ -239,11 +269,17 @@ def sec_roofline(study: dict[str, Any], trials: list[Trial], cfg: dict[str, Any]
     for t in measured(trials):
         s = t["capacity"]["steps"][0]
         tpot = s["median_tpot_ms"]
-        rows.append([t["number"], fmt(s["load"], 0), s["completed"], fmt(s["output_throughput"], 1),
+        # A quantized config reads fewer bytes per token than the bf16 model: its own floor uses the
+        # weight bytes vLLM reported loading for that trial.
+        own_gib = t["startup"]["model_memory_gib"]
+        own_roof = gbs * 1e9 / (own_gib * 2**30)
+        rows.append([t["number"], short_params(t), fmt(s["load"], 0), s["completed"], fmt(s["output_throughput"], 1),
                      f"{s['output_throughput'] / roof * 100:.1f} %", fmt(tpot, 3), fmt(1e3 / tpot, 1),
-                     f"{1e3 / tpot / roof * 100:.1f} %", fmt(s["p99_ttft_ms"], 1)])
-    lines.append(table(["#", "concurrency", "requests", "output tok/s", "of roofline", "p50 TPOT ms",
-                        "decode tok/s (1000/TPOT)", "decode of roofline", "p99 TTFT ms"], rows))
+                     f"{1e3 / tpot / roof * 100:.1f} %", f"{own_gib:.2f}",
+                     f"{1e3 / tpot / own_roof * 100:.1f} %", fmt(s["p99_ttft_ms"], 1)])
+    lines.append(table(["#", "params", "concurrency", "requests", "output tok/s", "of bf16 roofline", "p50 TPOT ms",
+                        "decode tok/s (1000/TPOT)", "decode of bf16 roofline", "weights loaded GiB",
+                        "decode of own-weights roofline", "p99 TTFT ms"], rows))
     return "\n".join(lines)
 
 
@@ -306,9 +342,30 @@ def sec_sim(study: dict[str, Any], trials: list[Trial], model: str) -> str:
                "capacity real / sim"], run_rows)])
 
 
+def sec_confirm(confirm_dir: Path) -> str:
+    """Re-measurements outside the study: `autotune bench --json` files named
+    confirm-<label>-c<concurrency>.json, each a longer closed-loop run (8 waves) than a capacity step."""
+    rows = []
+    for f in sorted(confirm_dir.glob("confirm-*-c*.json"), key=lambda f: (f.stem.rsplit("-c", 1)[0],
+                                                                         int(f.stem.rsplit("-c", 1)[1]))):
+        d = json.loads(f.read_text())
+        slo = SLO.parse(d["slo"])
+        rows.append([f.name, fmt(d["max_concurrency"]), d["completed"], d["failed"], fmt(d["duration"], 1),
+                     fmt(d["output_throughput"], 0), fmt(d["median_ttft_ms"], 0), fmt(d["p99_ttft_ms"], 0),
+                     fmt(d["median_tpot_ms"], 2), f"{d['slo_attainment_pct']:.1f} %", fmt(d["request_goodput"], 2),
+                     "yes" if slo.met(d) else "no"])
+    return table(["file", "concurrency", "completed", "failed", "duration s", "out tok/s", "p50 TTFT ms",
+                  "p99 TTFT ms", "p50 TPOT ms", "SLO attainment", "goodput req/s", "p99 TTFT SLO met"], rows)
+
+
 # ---- main ------------------------------------------------------------------------------------------
-def build(db: Path, cfg_path: Path, bw_path: Path) -> dict[str, str]:
+def build(db: Path, cfg_path: Path, bw_path: Path, confirm_dir: Path | None = None,
+          logs: Path | None = None) -> dict[str, str]:
     study, trials = load(db)
+    for t in trials:
+        log = logs / f"trial-{t['number']:04d}.log.gz" if logs else None
+        if log is not None and log.is_file():
+            t["cache"] = cache_evidence(log)
     cfg = json.loads(cfg_path.read_text())
     bw = json.loads(bw_path.read_text())
     makers: dict[str, Callable[[], str]] = {
@@ -320,6 +377,8 @@ def build(db: Path, cfg_path: Path, bw_path: Path) -> dict[str, str]:
         "roofline": lambda: sec_roofline(study, trials, cfg, bw),
         "sim": lambda: sec_sim(study, trials, str(cfg_path)),
     }
+    if confirm_dir is not None:
+        makers["confirm"] = lambda: sec_confirm(confirm_dir)
     return {k: f() for k, f in makers.items()}
 
 
@@ -338,12 +397,15 @@ def main() -> None:
     ap.add_argument("--db", type=Path, default=HERE / "h200-llama8b.db")
     ap.add_argument("--config", type=Path, default=HERE / "llama8b-shaped-config.json")
     ap.add_argument("--bandwidth", type=Path, default=HERE / "bandwidth.json")
+    ap.add_argument("--confirm", type=Path, help="a folder of confirm-*.json re-measurements to tabulate")
+    ap.add_argument("--logs", type=Path, help="a folder of the trials' vLLM logs (trial-NNNN.log.gz)")
+    ap.add_argument("--prefix", default="", help="block names get this prefix (two runs in one markdown file)")
     ap.add_argument("--update", type=Path, help="rewrite the report blocks of this markdown file")
     a = ap.parse_args()
     for p in (a.db, a.config, a.bandwidth):
         if not p.is_file():
             ap.error(f"{p}: no such file")
-    blocks = build(a.db, a.config, a.bandwidth)
+    blocks = {a.prefix + k: v for k, v in build(a.db, a.config, a.bandwidth, a.confirm, a.logs).items()}
     if a.update:
         update(a.update, blocks)
     else:

@@ -1,0 +1,94 @@
+"""The streaming client's timing definitions, checked against a scripted SSE stream on loopback.
+
+They are the definitions of `vllm bench serve` (vLLM 0.32.0, `async_request_openai_completions` and
+`calculate_metrics`), so the two clients agree on the same stream:
+- the clock starts right before the POST; TTFT ends at the first chunk that has `choices`, even when its
+  text is empty (vLLM's server sends a chunk per token, and on a small BPE vocabulary a token often
+  decodes to "" until the next one completes a character);
+- E2EL ends at the last chunk with `choices`; the trailing usage chunk (`choices: []`) does not move it;
+- the output token count is the server's `usage.completion_tokens`, not the number of chunks, so TPOT =
+  (E2EL - TTFT) / (completion_tokens - 1).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from contextlib import asynccontextmanager
+from typing import AsyncIterator
+
+import pytest
+from aiohttp import web
+
+from autotune.bench.client import StreamClient
+from autotune.bench.workloads import Prompt
+
+GAP_S = 0.05   # between scripted events: far above loopback and scheduling noise
+
+
+def _event(obj: dict) -> bytes:
+    return b"data: " + json.dumps(obj).encode() + b"\n\n"
+
+
+def _choice(text: str) -> dict:
+    return {"choices": [{"index": 0, "text": text, "finish_reason": None}]}
+
+
+# (delay before the event in gaps, event). First token decodes to "", one chunk carries two tokens,
+# so there are 4 chunks with choices but 5 tokens; then the usage chunk, one gap after the last token.
+SCRIPT: list[tuple[int, bytes]] = [
+    (2, _event(_choice(""))),
+    (1, _event(_choice("a"))),
+    (1, _event(_choice("bc"))),
+    (1, _event(_choice("d"))),
+    (1, _event({"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 5, "total_tokens": 12}})),
+    (0, b"data: [DONE]\n\n"),
+]
+
+
+async def _stream(request: web.Request) -> web.StreamResponse:
+    body = await request.json()
+    assert body["stream"] and body["stream_options"] == {"include_usage": True}
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await resp.prepare(request)
+    for gaps, data in SCRIPT:
+        await asyncio.sleep(gaps * GAP_S)
+        await resp.write(data)
+    await resp.write_eof()
+    return resp
+
+
+@asynccontextmanager
+async def _server() -> AsyncIterator[str]:
+    app = web.Application()
+    app.router.add_post("/v1/completions", _stream)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
+
+
+async def test_first_token_is_the_first_chunk_with_choices_even_if_its_text_is_empty() -> None:
+    async with _server() as url, StreamClient(url, "m") as client:
+        r = await client.request(Prompt(text="x", input_tokens=7, output_len=5))
+    assert r.ok
+    tol = GAP_S * 1000 * 0.6
+    assert r.ttft_ms == pytest.approx(2 * GAP_S * 1000, abs=tol)      # the "" chunk, not the "a" one
+    assert len(r.itl_ms) == 3                                          # 4 chunks with choices
+    assert r.e2el_ms == pytest.approx(5 * GAP_S * 1000, abs=tol)       # last token, not the usage chunk
+
+
+async def test_tpot_divides_by_the_servers_token_count_not_the_chunk_count() -> None:
+    async with _server() as url, StreamClient(url, "m") as client:
+        r = await client.request(Prompt(text="x", input_tokens=7, output_len=5))
+    assert r.output_tokens == 5 and r.input_tokens == 7
+    assert r.ttft_ms is not None and r.e2el_ms is not None and r.tpot_ms is not None
+    assert r.tpot_ms == pytest.approx((r.e2el_ms - r.ttft_ms) / 4)
+    assert r.tpot_ms == pytest.approx(3 * GAP_S * 1000 / 4, abs=GAP_S * 1000 * 0.3)

@@ -1,7 +1,5 @@
 """The memory model: vLLM's KV sizing, the articles' KV token counts, and the startup failures."""
 
-from pathlib import Path
-
 import pytest
 
 from autotune import causes
@@ -67,21 +65,6 @@ def test_fp8_weights_free_memory_for_kv_on_the_moe():
     embed_gib = load_profile("glm-4.6v-106b").embedding_params * 2 / 8 / 2**30   # BF16 either way
     assert fp8.weights_gib == pytest.approx((bf16.weights_gib - embed_gib) / 2 + embed_gib)
     assert fp8.kv_cache_tokens > bf16.kv_cache_tokens
-
-
-SHAPED_8B = str(Path(__file__).resolve().parents[2] / "benchmarks" / "gpu" / "llama8b-shaped-config.json")
-
-
-def test_online_fp8_keeps_embedding_and_lm_head_in_bf16():
-    """Real vLLM 0.24 on an H200, 32k-vocab Llama-8B shape: 13.49 GiB in BF16, 7.03 GiB with
-    --quantization fp8 (the Linear layers at 1 byte, 2 x 131,072,000 embedding/lm_head params at 2)."""
-    base = ["--max-model-len", "4096"]
-    bf16 = plan(SHAPED_8B, base, "H200", 1).budget
-    fp8 = plan(SHAPED_8B, base + ["--quantization", "fp8"], "H200", 1).budget
-    assert bf16.weights_gib == pytest.approx(13.49, rel=0.01)
-    assert fp8.weights_gib == pytest.approx(7.03, rel=0.01)
-    gguf = plan(SHAPED_8B, base + ["--quantization", "gguf"], "H200", 1).budget   # GGUF: whole file quantized
-    assert gguf.weights_gib == pytest.approx(bf16.weights_gib * 0.56 / 2, rel=1e-6)
 
 
 def test_expert_parallel_spreads_experts_over_dp():

@@ -1,7 +1,5 @@
 """Scheduler invariants and the roofline trends the calibration relies on."""
 
-from pathlib import Path
-
 import pytest
 
 from autotune.perfmodel import plan
@@ -94,23 +92,6 @@ def test_gmu_near_one_dies_under_load_not_at_startup():
         sched.add(SimRequest(f"r{i}", 1024, 8, 0.0))
     with pytest.raises(SimulatedOOM, match="CUDA out of memory"):
         _drive(sched, lambda s, step: None)
-
-
-SHAPED_8B = str(Path(__file__).resolve().parents[2] / "benchmarks" / "gpu" / "llama8b-shaped-config.json")
-
-
-@pytest.mark.parametrize("flags, conc", [
-    (["--quantization", "fp8", "--kv-cache-dtype", "fp8", "--max-num-seqs", "91", "--max-num-batched-tokens",
-      "30843"], 58),
-    (["--kv-cache-dtype", "fp8", "--max-num-seqs", "105", "--max-num-batched-tokens", "32269"], 39),
-])
-def test_gmu_097_on_an_h200_survives_load_as_measured(flags, conc):
-    """Real vLLM 0.24 on an H200 ran both at GMU 0.97 (chunked prefill, no prefix caching) through the
-    capacity search; peak device memory 139.0 / 140.4 GiB, no OOM."""
-    p = plan(SHAPED_8B, ["--max-model-len", "4096", "--gpu-memory-utilization", "0.97", "--no-enable-prefix-caching",
-                         *flags], "H200", 1)
-    r = run(p, num_requests=160, input_len=1024, output_len=128, concurrency=conc)
-    assert r.oom is None and r.metrics["completed"] == 160
 
 
 @pytest.mark.parametrize("gmu, dies", [("0.92", False), ("0.98", True)])

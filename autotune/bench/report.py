@@ -35,6 +35,8 @@ def format_measurement(m: Measurement, title: str = "Serving Benchmark Result") 
               _row("Request throughput (req/s):", x["request_throughput"])]
     if "goodput" in x:
         lines += [_row("Request goodput (req/s):", x["goodput"]), _row("SLO attainment (%):", x["slo_attainment_pct"])]
+    if x.get("prefix_cache_hit_pct") is not None:
+        lines.append(_row("Prefix cache hits (server, %):", x["prefix_cache_hit_pct"]))
     lines += [_row("Output token throughput (tok/s):", x["output_throughput"]),
               _row("Peak concurrent requests:", int(x["max_concurrent_requests"])),
               _row("Total token throughput (tok/s):", x["total_token_throughput"])]

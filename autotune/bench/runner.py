@@ -24,6 +24,7 @@ from autotune.bench.tokens import load_tokenizer
 from autotune.bench.workloads import Prompt, Workload
 from autotune.errors import UserError
 from autotune.slo import SLO
+from autotune.telemetry.metrics import VllmReading
 
 DEFAULT_NUM_REQUESTS = 200
 ABORT_POLL_S = 0.05   # how often in-flight requests are checked against TTFT/E2EL limits
@@ -96,6 +97,32 @@ async def run_load(base_url: str, model: str, workload: Workload, *, concurrency
                                             "duration_s": duration_s})
 
 
+async def prefix_counters(client: StreamClient) -> VllmReading | None:
+    """The server's prefix-cache counters from /metrics, or None where it has none. Read around the
+    measured requests so a run can say how much of its prompt work the cache served: prompts replayed
+    into a warm cache (same seed twice, a reset that did not happen) make latencies look better than
+    the configuration is."""
+    try:
+        async with client.session.get(client.base_url + "/metrics", timeout=aiohttp.ClientTimeout(total=5)) as r:
+            if r.status != 200:
+                return None
+            reading = VllmReading.from_text(await r.text())
+    except (aiohttp.ClientError, OSError, asyncio.TimeoutError, UnicodeDecodeError):
+        return None
+    return reading if reading.prefix_queries_total is not None else None
+
+
+def prefix_hit_pct(before: VllmReading | None, after: VllmReading | None) -> float | None:
+    """Prompt tokens served from the prefix cache between two readings, in % of those looked up."""
+    if before is None or after is None or after.prefix_hits_total is None or before.prefix_hits_total is None:
+        return None
+    queries = (after.prefix_queries_total or 0) - (before.prefix_queries_total or 0)
+    hits = after.prefix_hits_total - before.prefix_hits_total
+    if queries <= 0 or hits < 0:
+        return None
+    return 100.0 * hits / queries
+
+
 async def _measure(client: StreamClient, arrivals: Arrivals, prompts: Iterator[Prompt], num_requests: int | None,
                    duration_s: float | None, slo: SLO | None, abort_on_slo: bool, concurrency: int | None,
                    load: dict) -> Measurement:
@@ -130,6 +157,7 @@ async def _measure(client: StreamClient, arrivals: Arrivals, prompts: Iterator[P
             await asyncio.sleep(ABORT_POLL_S)
             judge()
 
+    before = await prefix_counters(client)
     monitor = LoopMonitor()
     monitor.start()
     client.sim_span = None  # warm-up requests are not part of the run
@@ -159,6 +187,9 @@ async def _measure(client: StreamClient, arrivals: Arrivals, prompts: Iterator[P
         metrics["request_rate"] = float(desc["request_rate"] or 0)
     if desc.get("concurrency") is not None:
         metrics["concurrency"] = float(desc["concurrency"] or 0)
+    hit_pct = prefix_hit_pct(before, await prefix_counters(client))
+    if hit_pct is not None:
+        metrics["prefix_cache_hit_pct"] = hit_pct
     return Measurement(metrics=metrics, records=records, client=health,
                        load={**desc, **load, "t0_monotonic": t0, "cancelled": cancelled if reason else 0,
                              "abort_reason": reason[0] if reason else None},

@@ -102,8 +102,9 @@ def show_command(args: argparse.Namespace) -> int:
     for t in trials:
         line = _telemetry_line(study, t)
         why = t.detail if (t.state != "ok" or t.cause) and t.detail else ""
-        if line or why:
-            console.print(f"  trial {t.number}: " + "; ".join(x for x in (why, line) if x))
+        note = (t.capacity or {}).get("note") or ""
+        if line or why or note:
+            console.print(f"  trial {t.number}: " + "; ".join(x for x in (why, line, note) if x))
     if front:
         console.print("[bold]Pareto front[/] (feasible, non-dominated; * above): " + ", ".join(
             f"#{t.number} (" + ", ".join(f"{n}={_fmt(t.objectives[n])}" for n in names) + ")" for t in front))

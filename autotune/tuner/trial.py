@@ -155,8 +155,9 @@ class TrialRunner:
             requests_per_step=load.requests_per_step, warmup=load.warmup, seed=self.spec.seed,
             tokenizer=self.tokenizer, on_step=on_step))
         chosen = cap.at_capacity or (cap.steps[0].measurement if cap.steps else None)
-        info = {"mode": cap.mode, "capacity": cap.capacity, "cache_reset": cap.cache_reset,
+        info = {"mode": cap.mode, "capacity": cap.capacity, "cache_reset": cap.cache_reset, "note": cap.note,
                 "steps": [{"load": s.load, "slo_met": s.slo_met,
+                           "prefix_cache_hit_pct": s.measurement.metrics.get("prefix_cache_hit_pct"),
                            "output_throughput": s.measurement.metrics.get("output_throughput"),
                            "p99_ttft_ms": s.measurement.metrics.get("p99_ttft_ms"),
                            "median_tpot_ms": s.measurement.metrics.get("median_tpot_ms"),

@@ -231,3 +231,13 @@ async def test_capacity_search_resets_the_cache_after_a_cut_short_step():
             resets = await resp.json()
     assert any(s.measurement.aborted_early for s in r.steps)
     assert r.cache_reset is True and resets[-1] is True and len(resets) >= len(r.steps)
+
+
+async def test_a_capacity_search_says_when_the_cache_served_random_prompts(monkeypatch):
+    import autotune.bench.runner as runner
+    monkeypatch.setattr(runner, "prefix_hit_pct", lambda before, after: 40.0)
+    async with mock(mode="batch", step_ms=2, per_seq_ms=0.25) as url:
+        r = await find_capacity(url, "mock", W, SLO.parse("tpot:p50<=12.125ms"), requests_per_step=40,
+                                warmup=4, max_steps=2)
+    assert all(s.measurement.metrics["prefix_cache_hit_pct"] == 40.0 for s in r.steps)
+    assert "prefix cache served random prompts" in r.note and "flattered" in r.note

@@ -28,3 +28,13 @@ async def test_capacity_search_on_vllm_reports_steps_and_cache_state(vllm_server
     assert 1 <= len(r.steps) <= 2 and r.capacity is not None
     assert isinstance(r.cache_reset, bool)       # the shared server runs without VLLM_SERVER_DEV_MODE: 404
     assert r.at_capacity.metrics["completed"] > 0
+
+
+async def test_a_replayed_run_reports_the_prefix_cache_hits_that_flatter_it(vllm_server):
+    # the same seed twice on one server: the second run's prompts are served from the prefix cache,
+    # and the measurement says so instead of passing the faster TTFT off as the configuration's
+    w = parse_workload("random:input_len=300,output_len=4")     # the CPU build caches whole 128-token blocks
+    first = await run_load(vllm_server.url, vllm_server.model, w, concurrency=2, num_requests=8, seed=4242)
+    again = await run_load(vllm_server.url, vllm_server.model, w, concurrency=2, num_requests=8, seed=4242)
+    assert first.metrics["prefix_cache_hit_pct"] < 20
+    assert again.metrics["prefix_cache_hit_pct"] > 60

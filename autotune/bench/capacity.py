@@ -223,8 +223,15 @@ def _step_at(steps: list[LoadStep], load: float) -> LoadStep | None:
 
 
 def capacity_objectives(result: CapacityResult) -> dict[str, float | None]:
-    """The trial runner's objectives: `capacity_tps` (output tokens/s at capacity) and `p50_tpot_ms` there."""
+    """The trial runner's objectives: `capacity_tps` (output tokens/s at capacity, over the step's
+    fully-loaded window where there is one) and `p50_tpot_ms` there."""
     m: Measurement | None = result.at_capacity
     if m is None:
         return {"capacity_tps": None, "p50_tpot_ms": None}
-    return {"capacity_tps": m.metrics.get("output_throughput"), "p50_tpot_ms": m.metrics.get("median_tpot_ms")}
+    return {"capacity_tps": capacity_tps(m.metrics), "p50_tpot_ms": m.metrics.get("median_tpot_ms")}
+
+
+def capacity_tps(metrics: dict[str, float]) -> float | None:
+    """Output tokens/s of the step at capacity: over its fully-loaded window where it has one (see
+    metrics.steady_output_throughput), else over the whole step."""
+    return metrics.get("steady_output_throughput") or metrics.get("output_throughput")

@@ -51,6 +51,31 @@ def peak_concurrency(records: Iterable[RequestRecord]) -> int:
     return peak
 
 
+def steady_output_throughput(records: Sequence[RequestRecord], t0: float) -> float | None:
+    """Output tokens/s while the load was fully offered: from the start of the run to the last request's
+    dispatch. After that no finished request is replaced, the server drains a shrinking batch, and a
+    whole-run average (vLLM's `output_throughput`) counts that tail: at a few closed-loop waves per step
+    it moves by up to ~10 % with where the last partial wave falls, which is the size of the differences
+    a tuner has to rank. Tokens are placed at their chunks' arrival times (a request's tokens spread
+    evenly over its chunks). None when the window holds no whole request."""
+    ok = [r for r in records if r.ok and r.ttft_ms is not None and r.e2el_ms is not None]
+    if not ok:
+        return None
+    t_end = max(r.start_s for r in records)
+    if t_end - t0 < min(r.e2el_ms for r in ok) / 1000.0:
+        return None
+    tokens = 0.0
+    for r in ok:
+        per_chunk = r.output_tokens / (len(r.itl_ms) + 1)
+        t = r.start_s + r.ttft_ms / 1000.0
+        inside = int(t0 <= t <= t_end)
+        for gap in r.itl_ms:
+            t += gap / 1000.0
+            inside += t0 <= t <= t_end
+        tokens += per_chunk * inside
+    return tokens / (t_end - t0)
+
+
 def summarize(records: Sequence[RequestRecord], duration_s: float, slo: SLO | None = None) -> dict[str, float]:
     """The result dictionary of one load run (keys as in results.py)."""
     ok = [r for r in records if r.ok]

@@ -37,6 +37,8 @@ def format_measurement(m: Measurement, title: str = "Serving Benchmark Result") 
         lines += [_row("Request goodput (req/s):", x["goodput"]), _row("SLO attainment (%):", x["slo_attainment_pct"])]
     if x.get("prefix_cache_hit_pct") is not None:
         lines.append(_row("Prefix cache hits (server, %):", x["prefix_cache_hit_pct"]))
+    if x.get("steady_output_throughput") is not None:
+        lines.append(_row("Steady output throughput (tok/s):", x["steady_output_throughput"]))
     lines += [_row("Output token throughput (tok/s):", x["output_throughput"]),
               _row("Peak concurrent requests:", int(x["max_concurrent_requests"])),
               _row("Total token throughput (tok/s):", x["total_token_throughput"])]

@@ -18,7 +18,7 @@ from autotune.bench.abort import EarlyAbort
 from autotune.bench.arrivals import Arrivals, ClosedLoop, OpenLoop
 from autotune.bench.client import Live, StreamClient
 from autotune.bench.health import LoopMonitor
-from autotune.bench.metrics import summarize
+from autotune.bench.metrics import steady_output_throughput, summarize
 from autotune.bench.results import Measurement, RequestRecord
 from autotune.bench.tokens import load_tokenizer
 from autotune.bench.workloads import Prompt, Workload
@@ -187,6 +187,9 @@ async def _measure(client: StreamClient, arrivals: Arrivals, prompts: Iterator[P
         metrics["request_rate"] = float(desc["request_rate"] or 0)
     if desc.get("concurrency") is not None:
         metrics["concurrency"] = float(desc["concurrency"] or 0)
+    steady = None if sim else steady_output_throughput(records, t0)   # simulated times are not wall times
+    if steady is not None:
+        metrics["steady_output_throughput"] = steady
     hit_pct = prefix_hit_pct(before, await prefix_counters(client))
     if hit_pct is not None:
         metrics["prefix_cache_hit_pct"] = hit_pct

@@ -19,6 +19,7 @@ import psutil
 
 from autotune import causes
 from autotune.bench import find_capacity, parse_workload, run_load
+from autotune.bench.capacity import capacity_tps
 from autotune.bench.results import CapacityResult, Measurement
 from autotune.engine.base import Engine, EngineFailure, LaunchRequest, Server, StartupInfo
 from autotune.engine.process import find_free_port
@@ -159,6 +160,7 @@ class TrialRunner:
                 "steps": [{"load": s.load, "slo_met": s.slo_met,
                            "prefix_cache_hit_pct": s.measurement.metrics.get("prefix_cache_hit_pct"),
                            "output_throughput": s.measurement.metrics.get("output_throughput"),
+                           "steady_output_throughput": s.measurement.metrics.get("steady_output_throughput"),
                            "p99_ttft_ms": s.measurement.metrics.get("p99_ttft_ms"),
                            "median_tpot_ms": s.measurement.metrics.get("median_tpot_ms"),
                            "completed": s.measurement.metrics.get("completed"),
@@ -176,7 +178,7 @@ class TrialRunner:
             if metrics.get(key) is not None:
                 out[name] = float(metrics[key])
         if capacity is not None:
-            out["capacity_tps"] = float(metrics.get("output_throughput", 0.0)) if capacity["capacity"] else 0.0
+            out["capacity_tps"] = float(capacity_tps(metrics) or 0.0) if capacity["capacity"] else 0.0
         # Telemetry spans the whole load window, so energy per token counts every measured step's tokens.
         steps_tokens = int(metrics.get("total_output_tokens") or 0)
         if capacity is not None:

@@ -241,3 +241,17 @@ async def test_a_capacity_search_says_when_the_cache_served_random_prompts(monke
                                 warmup=4, max_steps=2)
     assert all(s.measurement.metrics["prefix_cache_hit_pct"] == 40.0 for s in r.steps)
     assert "prefix cache served random prompts" in r.note and "flattered" in r.note
+
+
+async def test_steady_throughput_does_not_depend_on_where_the_last_wave_falls():
+    # 40 streams on a server whose step costs 2 + 0.25 x 40 ms: 1.1 waves and 4 whole waves give the
+    # same steady figure; the whole-run average of the short step is dragged down by its tail
+    w = parse_workload("random:input_len=20,output_len=64")
+    got = {}
+    for n in (44, 160):
+        async with mock(mode="batch", step_ms=2, per_seq_ms=0.25) as url:
+            got[n] = (await run_load(url, "mock", w, concurrency=40, num_requests=n)).metrics
+    s44, s160 = got[44]["steady_output_throughput"], got[160]["steady_output_throughput"]
+    assert abs(s44 / s160 - 1) < 0.06
+    assert got[44]["output_throughput"] < 0.95 * s44
+    assert 0.85 * 40 / 0.012 < s160 < 1.01 * 40 / 0.012          # at most the server's 3,333 tok/s

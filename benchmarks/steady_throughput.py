@@ -17,32 +17,21 @@ import asyncio
 import json
 import os
 import platform
-import socket
 import time
 from pathlib import Path
 from statistics import median
 
-from aiohttp import web
-
 from autotune.bench import parse_workload, run_load
-from autotune.bench.mockserver import MockConfig, build_app
+from autotune.bench.mockserver import MockConfig, build_app, serve
 
 STREAMS, STEP_MS, PER_SEQ_MS = 40, 2.0, 0.25
 TRUTH = STREAMS / ((STEP_MS + PER_SEQ_MS * STREAMS) / 1000.0)
 
 
 async def one(n: int) -> dict[str, float]:
-    runner = web.AppRunner(build_app(MockConfig(mode="batch", step_ms=STEP_MS, per_seq_ms=PER_SEQ_MS)))
-    await runner.setup()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    try:
-        m = await run_load(f"http://127.0.0.1:{port}", "mock", parse_workload("random:input_len=20,output_len=64"),
+    async with serve(build_app(MockConfig(mode="batch", step_ms=STEP_MS, per_seq_ms=PER_SEQ_MS))) as url:
+        m = await run_load(url, "mock", parse_workload("random:input_len=20,output_len=64"),
                            concurrency=STREAMS, num_requests=n)
-    finally:
-        await runner.cleanup()
     return {"whole_run": m.metrics["output_throughput"], "steady": m.metrics["steady_output_throughput"]}
 
 

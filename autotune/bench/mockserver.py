@@ -20,10 +20,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import socket
 import time
 from collections import deque
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, AsyncIterator
 
 from aiohttp import web
 
@@ -199,6 +201,22 @@ def build_app(cfg: MockConfig) -> web.Application:
     app.router.add_post("/v1/completions", complete)
     app.router.add_post("/v1/chat/completions", complete)
     return app
+
+
+@asynccontextmanager
+async def serve(app: web.Application) -> AsyncIterator[str]:
+    """Run `app` on a free loopback port inside the current event loop; yields its base URL. Tests and
+    benchmarks use it to put a server of known behaviour beside the client in one process."""
+    runner = web.AppRunner(app)
+    await runner.setup()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -7,14 +7,14 @@ import socket
 import subprocess
 import sys
 from contextlib import asynccontextmanager
-from typing import AsyncIterator
+from typing import AsyncContextManager, AsyncIterator
 
 import pytest
 from aiohttp import web
 
 from autotune.bench import find_capacity, parse_workload, run_load
 from autotune.bench.capacity import reset_prefix_cache
-from autotune.bench.mockserver import MockConfig, build_app
+from autotune.bench.mockserver import MockConfig, build_app, serve
 from autotune.errors import UserError
 from autotune.slo import SLO
 
@@ -27,16 +27,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@asynccontextmanager
-async def mock(**kw) -> AsyncIterator[str]:
-    runner = web.AppRunner(build_app(MockConfig(**kw)))
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        await runner.cleanup()
+def mock(**kw) -> AsyncContextManager[str]:
+    return serve(build_app(MockConfig(**kw)))
 
 
 async def test_closed_loop_measures_the_batch_model():
@@ -170,14 +162,8 @@ async def reset_server(answers: list[web.Response]) -> AsyncIterator[tuple[str, 
 
     app = web.Application()
     app.router.add_post("/reset_prefix_cache", reset)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    try:
-        yield f"http://127.0.0.1:{port}", calls
-    finally:
-        await runner.cleanup()
+    async with serve(app) as url:
+        yield url, calls
 
 
 async def test_a_refused_reset_is_retried_until_the_server_has_drained():

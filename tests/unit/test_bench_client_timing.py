@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
-from contextlib import asynccontextmanager
-from typing import AsyncIterator
+from typing import AsyncContextManager
 
 import pytest
 from aiohttp import web
 
 from autotune.bench.client import StreamClient
+from autotune.bench.mockserver import serve
 from autotune.bench.workloads import Prompt
 
 GAP_S = 0.05   # between scripted events: far above loopback and scheduling noise
@@ -59,20 +58,10 @@ async def _stream(request: web.Request) -> web.StreamResponse:
     return resp
 
 
-@asynccontextmanager
-async def _server() -> AsyncIterator[str]:
+def _server() -> AsyncContextManager[str]:
     app = web.Application()
     app.router.add_post("/v1/completions", _stream)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        await runner.cleanup()
+    return serve(app)
 
 
 async def test_first_token_is_the_first_chunk_with_choices_even_if_its_text_is_empty() -> None:

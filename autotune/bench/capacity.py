@@ -208,7 +208,7 @@ async def find_capacity(base_url: str, model: str, workload: Workload, slo: SLO,
     if any(s.measurement.client.saturated for s in steps):
         notes.append("client saturated in a step: its latencies are not trusted")
     flattered = [s.load for s in steps if (s.measurement.metrics.get("prefix_cache_hit_pct") or 0.0) > 1.0]
-    if flattered and workload.params().get("kind") == "random":
+    if flattered and workload.kind == "random":
         notes.append("the prefix cache served random prompts at load " + ", ".join(f"{x:g}" for x in flattered)
                      + ": those steps' latencies are flattered")
     if best is not None and best.measurement.load.get("num_requests", 0) < requests_per_step:

@@ -185,16 +185,15 @@ class StudyLoop:
             with _interrupts(self, deadline):
                 try:
                     while self.complete_count() < self.n_trials:
-                        if deadline is not None and time.monotonic() >= deadline:
-                            self._stop_reason = "timeout"
-                            break
-                        expected = expected_trial_s(self.store.trials(self.record.id))
-                        if (deadline is not None and expected is not None
-                                and deadline - time.monotonic() < expected):
-                            progress.message(f"not starting another trial: one takes ~{expected:.0f} s and "
-                                             f"{max(0.0, deadline - time.monotonic()):.0f} s are left")
-                            self._stop_reason = "timeout"
-                            break
+                        if deadline is not None:
+                            left = deadline - time.monotonic()
+                            expected = expected_trial_s(self.store.trials(self.record.id)) or 0.0
+                            if left <= 0 or left < expected:
+                                if left > 0:
+                                    progress.message(f"not starting another trial: one takes ~{expected:.0f} s "
+                                                     f"and {left:.0f} s are left")
+                                self._stop_reason = "timeout"
+                                break
                         self._one(progress)
                 except Interrupted as e:
                     self._stop_reason = e.reason

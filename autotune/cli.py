@@ -18,6 +18,10 @@ _DELEGATED: dict[str, str] = {
     "bench": "autotune.bench.command:main",
     "sim-serve": "autotune.sim.command:serve_main",
     "estimate": "autotune.sim.command:estimate_main",
+    "daemon": "autotune.daemon.command:daemon_main",
+    "submit": "autotune.daemon.command:submit_main",
+    "status": "autotune.daemon.command:status_main",
+    "cancel": "autotune.daemon.command:cancel_main",
 }
 
 
@@ -84,7 +88,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = _build_parser().parse_args(args_list)
         return int(_dispatch(args) or 0)
     except UserError as e:
-        sys.stderr.write(f"autotune: error: {e}\n")
+        from autotune.store.urls import mask_url
+        sys.stderr.write(f"autotune: error: {mask_url(str(e))}\n")
         return 2
     except KeyboardInterrupt:
         sys.stderr.write("autotune: interrupted\n")

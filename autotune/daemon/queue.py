@@ -16,13 +16,13 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import JSON, Boolean, DateTime, Float, Integer, String, Text, select, update
+from sqlalchemy import JSON, Boolean, DateTime, Float, Integer, String, Text, inspect, select, update
 from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
 from autotune.errors import UserError
 from autotune.store.models import Base, utcnow
-from autotune.store.repository import make_engine
+from autotune.store.repository import make_engine, sqlite_path
 from autotune.store.urls import mask_url
 
 QUEUED, DONE, CANCELLED = "queued", "done", "cancelled"
@@ -77,6 +77,9 @@ class Entry:
 class StudyQueue:
     def __init__(self, url: str, create: bool = True) -> None:
         self.url = url
+        path = sqlite_path(url)
+        if path is not None and not create and not path.is_file():
+            raise UserError(f"storage {url}: no such database file")
         self.engine = make_engine(url)
         try:
             if create:
@@ -85,8 +88,9 @@ class StudyQueue:
                     QueueRecord.__table__.create(self.engine, checkfirst=True)  # type: ignore[attr-defined]
                 except (IntegrityError, ProgrammingError):
                     pass
-            with self.engine.connect():
-                pass
+            with self.engine.connect() as conn:
+                if not create and not inspect(conn).has_table(QueueRecord.__tablename__):
+                    raise UserError(f"storage {mask_url(url)} holds no study queue (nothing was submitted there)")
         except OperationalError as e:
             raise UserError(f"storage {mask_url(url)}: cannot connect: {mask_url(str(e.orig)).strip().splitlines()[0]}") \
                 from None

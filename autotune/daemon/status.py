@@ -11,6 +11,8 @@ import datetime as dt
 import math
 from typing import Any, Sequence
 
+from sqlalchemy.engine import Engine
+
 from autotune.daemon.queue import QUEUED, Entry
 from autotune.store.models import StudyRecord, TrialRecord
 from autotune.store.queries import best_trial
@@ -69,12 +71,22 @@ def _expected_finish(e: Entry, complete: int, running: int, median_s: float, now
     return (now + dt.timedelta(seconds=eta)).isoformat(timespec="seconds")
 
 
+def live_daemons(engine: Engine) -> list[dict[str, Any]]:
+    """The daemons (and `run`s) whose process heartbeat is fresh, on any host."""
+    from autotune.daemon.heartbeat import Heartbeats
+
+    return [{"host": b.host, "pid": b.pid, "heartbeat_age_s": round(b.age_s, 1), **(b.info or {})}
+            for b in Heartbeats(engine).live_processes()]
+
+
 def render(body: dict[str, Any]) -> str:
     """The text `autotune status` prints: one block per study, then the daemon's GPUs when known."""
     lines = []
     if body.get("daemon"):
         d = body["daemon"]
         lines.append(f"daemon {d['host']} pid {d['pid']}: {d['state']}, storage {d['storage']}")
+    for d in body.get("daemons") or []:
+        lines.append(f"daemon {d['host']} pid {d['pid']}: heartbeat {d['heartbeat_age_s']:.0f} s ago")
     for s in body["studies"]:
         label = " (SIMULATED)" if s["simulated"] else ""
         lines.append(f"{s['name']}{label}: {s['state']}, priority {s['priority']}, "

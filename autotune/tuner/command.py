@@ -126,7 +126,13 @@ def check_objectives(spec: StudySpec, source: TelemetrySource) -> None:
 
 def prepare(args: argparse.Namespace) -> dict[str, Any]:
     raw, base_dir = raw_spec(args)
-    spec = build_spec(apply_overrides(raw, args), args.study or "spec")
+    return prepare_spec(apply_overrides(raw, args), args.study or "spec", base_dir)
+
+
+def prepare_spec(raw: dict[str, Any], source: str, base_dir: Path | None) -> dict[str, Any]:
+    """Everything a study needs, checked before anything is written or launched (`run`, and the daemon
+    for each queued study)."""
+    spec = build_spec(raw, source)
     spec = check_model(spec, base_dir)
     command = check_engine_command(spec)
     space = SearchSpace.load(spec.search_space, base_dir).narrowed(spec.num_gpus, spec.quality_opt_in)

@@ -45,7 +45,9 @@ def _build_parser() -> OneLineParser:
     run.add_argument("--storage", help="SQLAlchemy URL, e.g. sqlite:///studies/x.db")
     run.add_argument("--model", help="local model directory or hub id org/name")
     run.add_argument("--engine-cmd", help="engine command, e.g. 'vllm serve' (split like a shell, never run by one)")
-    run.add_argument("--gpus", help="device indices, e.g. 0,1")
+    run.add_argument("--gpus", help="device indices, e.g. 0,1 or 0-7 (the pool trials lease from)")
+    run.add_argument("--parallel", type=int, default=1,
+                     help="trials at once, each on its own GPUs and cores (default 1)")
     run.add_argument("--study-name", help="override the study's name")
     run.add_argument("--no-progress", action="store_true", help="plain log lines instead of the live display")
 

@@ -131,6 +131,7 @@ class StudySpec(_Strict):
     seed: int = 0
     sampler: Literal["tpe", "nsga2", "random", "gp"] = "tpe"
     keep_series: int = Field(3, ge=0)   # raw per-request/telemetry series kept for this many best trials
+    exclusive: bool = False             # its trials run with nothing else on the node (the scheduler)
 
     @field_validator("name")
     @classmethod
@@ -181,8 +182,15 @@ class StudySpec(_Strict):
 
     def identity_hash(self) -> str:
         """What the trials were measured under (budget and storage are not part of it)."""
-        body = self.model_dump(exclude={"budget", "storage", "name", "enqueue"})
+        body = self.model_dump(exclude={"budget", "storage", "name", "enqueue", "exclusive"})
         body["engine"].pop("env", None)  # environment may carry secrets and does not change the landscape
+        return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+    def join_hash(self) -> str:
+        """What every host joining a study must share: the identity without the GPU indices (each host
+        or daemon brings its own pool; the GPU model is compared separately)."""
+        body = self.model_dump(exclude={"budget", "storage", "name", "enqueue", "exclusive", "gpus", "keep_series"})
+        body["engine"].pop("env", None)
         return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
     def public_dict(self) -> dict[str, Any]:

@@ -48,6 +48,7 @@ class LaunchRequest:
     gpus: Sequence[int] = ()
     env: Mapping[str, str] = field(default_factory=dict)
     startup_timeout_s: float = 600.0
+    cores: Sequence[int] = ()          # CPU cores the server is pinned to (its lease's); () = unpinned
 
 
 class Server(ABC):

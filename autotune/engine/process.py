@@ -16,7 +16,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 import psutil
 
@@ -44,8 +44,21 @@ class ProcessRecord:
     create_time: float
 
 
+def _child_setup(cores: Sequence[int]) -> Callable[[], None]:
+    """The child's pre-exec step: the parent-death signal, and the CPU cores it may run on (its
+    children inherit them), so co-running trials do not compete for one core."""
+    def setup() -> None:
+        _parent_death_signal()
+        if cores:
+            try:
+                os.sched_setaffinity(0, cores)
+            except OSError:
+                pass
+    return setup
+
+
 def spawn(argv: Sequence[str], log_path: Path, env: Mapping[str, str] | None = None,
-          cwd: Path | None = None) -> subprocess.Popen[bytes]:
+          cwd: Path | None = None, cores: Sequence[int] = ()) -> subprocess.Popen[bytes]:
     """Start argv in a new session (so its own process group), stdout+stderr appended to log_path.
 
     The parent-death signal fires when the *thread* that called spawn exits, not only the process:
@@ -61,7 +74,7 @@ def spawn(argv: Sequence[str], log_path: Path, env: Mapping[str, str] | None = N
             env=dict(env) if env is not None else None,
             cwd=cwd,
             start_new_session=True,
-            preexec_fn=_parent_death_signal,
+            preexec_fn=_child_setup(tuple(cores)),
         )
 
 

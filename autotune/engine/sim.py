@@ -53,7 +53,8 @@ class SimEngine(Engine):
         argv = self.argv(request.model, request.port, request.flags)
         offset = request.log_path.stat().st_size if request.log_path.exists() else 0
         started = time.monotonic()
-        popen = spawn(argv, request.log_path, env={**os.environ, **request.env, "PYTHONUNBUFFERED": "1"})
+        popen = spawn(argv, request.log_path, env={**os.environ, **request.env, "PYTHONUNBUFFERED": "1"},
+                      cores=request.cores)
         return SimServer(popen, argv, request, offset, started)
 
     def unknown_flags(self, flags: Sequence[str]) -> list[str]:

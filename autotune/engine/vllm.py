@@ -174,11 +174,12 @@ class VLLMEngine(Engine):
         if request.gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in request.gpus)
             env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # so indices mean what NVML means
-            self._gpu_baseline = _gpu_used_bytes(request.gpus) or {}
+            # per GPU, so that concurrent launches on disjoint GPUs keep each other's baselines
+            self._gpu_baseline = {**self._gpu_baseline, **(_gpu_used_bytes(request.gpus) or {})}
         offset = request.log_path.stat().st_size if request.log_path.exists() else 0
         started = time.monotonic()
         try:
-            popen = spawn(argv, request.log_path, env=env)
+            popen = spawn(argv, request.log_path, env=env, cores=request.cores)
         except (FileNotFoundError, PermissionError) as exc:
             raise UserError(f"engine command not found: {argv[0]} ({exc.strerror})") from None
         self._launch_logs = [*self._launch_logs[-7:], (request.log_path, offset)]

@@ -77,6 +77,12 @@ class TrialRecord(Base):
     log_tail: Mapped[str | None] = mapped_column(Text, nullable=True)
     started_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
     finished_at: Mapped[dt.datetime | None] = mapped_column(DateTime, nullable=True)
+    # Where and beside what it ran (the scheduler); nullable so that old databases open (store/migrate.py).
+    host: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    lease: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)         # gpus, cores, port
+    overlapped: Mapped[list[int] | None] = mapped_column(JSON, nullable=True)        # trial numbers
+    measurement_flags: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)  # e.g. overlapped
+    identity: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)     # gpu model, engine, spec
 
 
 class SeriesRecord(Base):
@@ -104,3 +110,38 @@ class ProcessRecord(Base):
     owner_pid: Mapped[int] = mapped_column(Integer)     # the autotune process that started it
     port: Mapped[int] = mapped_column(Integer)
     started_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
+    host: Mapped[str | None] = mapped_column(String(255), nullable=True)      # only this host may stop it
+    owner_create_time: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class HeartbeatRecord(Base):
+    """A live process or running trial. `beat_at` is written with the database's clock and judged
+    against the same clock, so hosts with skewed clocks agree on what is stale (daemon/heartbeat.py)."""
+
+    __tablename__ = "autotune_heartbeats"
+    __table_args__ = (UniqueConstraint("kind", "key"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16))          # trial | process
+    key: Mapped[str] = mapped_column(String(255))          # optuna trial id | host:pid:create_time
+    study: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    host: Mapped[str] = mapped_column(String(255))
+    pid: Mapped[int] = mapped_column(Integer)
+    proc_create_time: Mapped[float] = mapped_column(Float)
+    beat_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))
+    info: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+
+
+class EnqueuedRecord(Base):
+    """One row per enqueue (the baseline, a spec candidate, a re-queued trial), inserted BEFORE the
+    enqueue: the unique key makes the enqueue happen once across processes and hosts."""
+
+    __tablename__ = "autotune_enqueued"
+    __table_args__ = (UniqueConstraint("study", "key"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    study: Mapped[str] = mapped_column(String(255))
+    key: Mapped[str] = mapped_column(String(512))
+    host: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    pid: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)

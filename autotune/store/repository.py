@@ -11,6 +11,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
 from autotune.errors import UserError
+from autotune.store.migrate import migrate
 from autotune.store.models import Base, ProcessRecord, SeriesRecord, StudyRecord, TrialRecord, utcnow
 
 
@@ -57,6 +58,7 @@ class ResultStore:
             Base.metadata.create_all(self.engine)
         elif not storage_exists(url):
             raise UserError(f"storage {url!r} holds no autotune study")
+        migrate(self.engine)
 
     def session(self) -> Session:
         return Session(self.engine, expire_on_commit=False)

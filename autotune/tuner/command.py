@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from autotune.daemon.pool import GpuPool, parse_gpus
 from autotune.engine.base import Engine
 from autotune.errors import UserError
 from autotune.space import SearchSpace, flag_names, mapping_to_flags
@@ -32,15 +33,6 @@ CPU_DEFAULTS: dict[str, Any] = {
     # so every trial, the baseline included, gets a fixed 0.3
     "engine": {"extra_flags": ["--dtype", "bfloat16", "--max-model-len", "1024", "--gpu-memory-utilization", "0.3"]},
 }
-
-
-def _parse_gpus(text: str) -> list[int]:
-    if not re.fullmatch(r"\s*\d+(\s*,\s*\d+)*\s*", text):
-        raise UserError(f"--gpus {text!r}: give device indices such as 0 or 0,1")
-    gpus = [int(x) for x in text.split(",")]
-    if len(set(gpus)) != len(gpus):
-        raise UserError(f"--gpus {text!r}: an index repeats")
-    return gpus
 
 
 def _model_name(model: str) -> str:
@@ -75,7 +67,7 @@ def apply_overrides(raw: dict[str, Any], args: argparse.Namespace) -> dict[str, 
     if args.storage:
         raw["storage"] = args.storage
     if args.gpus:
-        raw["gpus"] = _parse_gpus(args.gpus)
+        raw["gpus"] = parse_gpus(args.gpus)
     engine = dict(raw.get("engine") or {})
     if args.engine_cmd:
         try:
@@ -181,14 +173,31 @@ def _predictor(spec: StudySpec) -> Any:
     return lambda flags: predict_launch(spec.model, flags, gpu, num)
 
 
+def host_pool(spec: StudySpec, parallel: int) -> GpuPool:
+    """The slots `run` leases from: the study's GPUs where NVML sees GPUs and the engine is real;
+    otherwise virtual slots (the --gpus given, else one per parallel trial) that bound how many servers
+    run at once and split the cores, with no CUDA_VISIBLE_DEVICES."""
+    nvml = nvml_gpus() if spec.engine.kind != "sim" else []
+    if nvml:
+        return GpuPool.for_host(spec.gpus or [g["index"] for g in nvml], physical=True)
+    return GpuPool.for_host(spec.gpus or list(range(parallel)), physical=False)
+
+
 def run_command(args: argparse.Namespace) -> int:
-    from autotune.tuner.study import StudyLoop
+    from autotune.daemon.scheduler import Scheduler
+    from autotune.tuner.driver import StudyDriver
 
     started = time.monotonic()
+    parallel = getattr(args, "parallel", 1) or 1
+    if parallel < 1:
+        raise UserError("--parallel must be at least 1")
     parts = prepare(args)
-    loop = StudyLoop(**parts, live=False if args.no_progress else None, started=started)
-    result = loop.run()
     spec: StudySpec = parts["spec"]
+    driver = StudyDriver(**parts, live=False if args.no_progress else None, started=started)
+    scheduler = Scheduler(host_pool(spec, parallel), parallel=parallel)
+    scheduler.add(driver)
+    scheduler.run_until_done()
+    result = driver.result()
     msg = (f"study {spec.name}: {result.complete} complete trial(s), {result.feasible} feasible; "
            f"storage {spec.storage_url}")
     if result.stopped_by:

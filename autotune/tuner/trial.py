@@ -13,7 +13,7 @@ import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import psutil
 
@@ -28,6 +28,12 @@ from autotune.spec import StudySpec
 from autotune.store.repository import ResultStore
 from autotune.telemetry import objectives as telemetry_objectives
 from autotune.telemetry.base import TelemetrySource, TelemetrySummary, TelemetryTarget
+from autotune.tuner.interrupts import current_gate, interruptible
+from autotune.daemon.heartbeat import process_create_time
+from autotune.daemon.pool import host_name
+
+if TYPE_CHECKING:
+    from autotune.daemon.pool import Lease
 
 
 @dataclass
@@ -63,29 +69,58 @@ class TrialRunner:
         self.tokenizer = spec.model if Path(spec.model).is_dir() else None
 
     # ------------------------------------------------------------------------------------------------
-    def run(self, number: int, flags: Sequence[str], violations: Sequence[str], phase: Phase) -> TrialOutcome:
+    def precheck(self, flags: Sequence[str], violations: Sequence[str]) -> TrialOutcome | None:
+        """The free checks (known constraints, the memory model): a failed outcome, or None to launch."""
         if violations:
             return TrialOutcome("failed", causes.CONSTRAINT, "; ".join(violations))
-        all_flags = [*self.fixed_flags, *flags]
         if self.predict is not None:
-            pred = self.predict(all_flags)
+            pred = self.predict([*self.fixed_flags, *flags])
             if pred is not None and not pred.fits:
                 return TrialOutcome("failed", causes.PREDICTED_OOM, f"predicted out of memory: {pred.reason}")
+        return None
+
+    def run(self, number: int, flags: Sequence[str], violations: Sequence[str], phase: Phase,
+            lease: Lease | None = None) -> TrialOutcome:
+        """With a lease: the lease's GPUs (CUDA_VISIBLE_DEVICES), its HTTP port and a block of internal
+        ports, the server and this thread (the load client) pinned to its cores, telemetry over its GPUs
+        only. Without one: the study's GPUs and any free port, as a single trial always ran."""
+        rejected = self.precheck(flags, violations)
+        if rejected is not None:
+            return rejected
+        gate = current_gate()
+        if gate is not None:
+            gate.check()
+        all_flags = [*self.fixed_flags, *flags]
         log_path = self.log_dir / f"trial-{number:04d}.log"
-        port = find_free_port()
+        gpus = list(lease.gpus) if lease is not None else list(self.spec.gpus)
+        port = lease.port if lease is not None else find_free_port()
+        env = dict(self.spec.engine.env)
+        cores: tuple[int, ...] = ()
+        if lease is not None:
+            cores = lease.cores
+            # vLLM's internal ports (torch.distributed, data-parallel RPC) start at VLLM_PORT: inside the block
+            env.setdefault("VLLM_PORT", str(lease.port_base + 1))
+            env.setdefault("VLLM_DP_MASTER_PORT", str(lease.port_base + 4))
+            if self.spec.engine.kind == "vllm" and not gpus and cores:
+                env.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(map(str, cores)))
         phase(f"starting {self.engine.name} on port {port}")
         request = LaunchRequest(model=self.spec.model, flags=all_flags, port=port, log_path=log_path,
-                                gpus=self.spec.gpus, env=self.spec.engine.env,
-                                startup_timeout_s=self.spec.engine.startup_timeout_s)
-        server = self.engine.launch(request)
-        record_id = self._register(server, port)
+                                gpus=gpus, env=env, startup_timeout_s=self.spec.engine.startup_timeout_s,
+                                cores=cores)
+        pinned = _pin_thread(cores)
         try:
-            return self._serve(server, phase, log_path)
+            server = self.engine.launch(request)
+            record_id = self._register(server, port)
+            try:
+                with interruptible():
+                    return self._serve(server, phase, log_path, gpus)
+            finally:
+                phase("stopping server")
+                server.stop()
+                self.store.forget_process(record_id)
+                self.engine.release_wait(port, gpus)
         finally:
-            phase("stopping server")
-            server.stop()
-            self.store.forget_process(record_id)
-            self.engine.release_wait(port, self.spec.gpus)
+            _pin_thread(pinned)
 
     def _register(self, server: Server, port: int) -> int:
         try:
@@ -94,16 +129,17 @@ class TrialRunner:
             created = 0.0
         return self.store.register_process(study_name=self.spec.name, pid=server.pid,
                                            pgid=getattr(server, "pgid", server.pid), create_time=created,
-                                           owner_pid=os.getpid(), port=port)
+                                           owner_pid=os.getpid(), port=port, host=host_name(),
+                                           owner_create_time=process_create_time())
 
-    def _serve(self, server: Server, phase: Phase, log_path: Path) -> TrialOutcome:
+    def _serve(self, server: Server, phase: Phase, log_path: Path, gpus: Sequence[int]) -> TrialOutcome:
         try:
             phase("waiting for /health")
             startup = server.wait_ready()
         except EngineFailure as f:
             return TrialOutcome("failed", f.cause, f.detail, log_tail=f.log_tail or server.log_tail(),
                                 log_path=str(log_path))
-        sampler = self.telemetry.sampler(TelemetryTarget(server_pid=server.pid, gpus=self.spec.gpus,
+        sampler = self.telemetry.sampler(TelemetryTarget(server_pid=server.pid, gpus=list(gpus),
                                                          server_url=server.url), hz=self.spec.telemetry.hz)
         sampler.start()
         t0 = time.monotonic()
@@ -126,7 +162,7 @@ class TrialRunner:
         outcome.measurement = measurement
         outcome.metrics = dict(measurement.metrics)
         outcome.capacity = capacity
-        outcome.observed = self._observe(measurement, capacity, summary, elapsed)
+        outcome.observed = self._observe(measurement, capacity, summary, elapsed, len(gpus))
         if measurement.client.saturated:
             outcome.cause = causes.CLIENT_SATURATED
             outcome.detail = f"load generator saturated: {measurement.client.note}"
@@ -170,7 +206,7 @@ class TrialRunner:
         return chosen, info
 
     def _observe(self, m: Measurement, capacity: dict[str, Any] | None, summary: TelemetrySummary,
-                 elapsed: float) -> dict[str, float]:
+                 elapsed: float, n_gpus: int) -> dict[str, float]:
         metrics = m.metrics
         out: dict[str, float] = {}
         for name, key in (("output_tps", "output_throughput"), ("p99_ttft_ms", "p99_ttft_ms"),
@@ -183,10 +219,22 @@ class TrialRunner:
         steps_tokens = int(metrics.get("total_output_tokens") or 0)
         if capacity is not None:
             steps_tokens = int(sum((s.get("total_output_tokens") or 0) for s in capacity["steps"]))
-        num_gpus = max(self.spec.num_gpus, 1)
+        num_gpus = max(self.spec.num_gpus if self.spec.engine.kind == "sim" else n_gpus, 1)
         out.update(telemetry_objectives(summary, output_tokens=steps_tokens, duration_s=elapsed,
                                         num_gpus=num_gpus, output_tps=out.get("capacity_tps", out.get("output_tps", 0.0))))
         return out
+
+
+def _pin_thread(cores: Sequence[int]) -> tuple[int, ...]:
+    """Pin the calling thread (Linux affinity is per thread) to `cores`; returns what it had, to restore."""
+    if not cores or not hasattr(os, "sched_setaffinity"):
+        return ()
+    before = tuple(sorted(os.sched_getaffinity(0)))
+    try:
+        os.sched_setaffinity(0, cores)
+    except OSError:
+        return ()
+    return before
 
 
 def outcome_evidence(outcome: TrialOutcome) -> dict[str, Any]:

@@ -1,0 +1,309 @@
+"""One scheduler behind `run` and `daemon`: studies by priority lease disjoint GPU sets from the pool,
+each trial runs in its own worker thread, and signals reach every running trial.
+
+Rules (docs/SCHEDULER.md): higher priority first, FIFO within a priority; no pre-emption of a running
+trial; head-of-line reservation: when the first study in line has a candidate that does not fit the
+free slots, nothing behind it leases until it fits, so a large layout is not starved by a stream of
+small ones (no backfill: trial lengths are not known in advance). A worker thread lives exactly as
+long as its trial, which is what the servers' parent-death signal needs (engine/process.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any
+
+from autotune import causes
+from autotune.daemon.heartbeat import interval_s
+from autotune.daemon.pool import GpuPool, Lease
+from autotune.tuner.driver import StudyDriver, TrialJob
+from autotune.tuner.interrupts import Gate, Interrupted, _interrupts, set_gate
+from autotune.tuner.trial import TrialOutcome
+
+log = logging.getLogger(__name__)
+_STOP_WAIT_S = 120.0      # how long interrupted workers get to stop their servers
+
+
+class _signals(_interrupts):
+    """SIGINT/SIGTERM/the deadline as `Interrupted` in the main thread, but held while the main thread
+    is in a short critical step (asking, reaping, re-queueing) and raised right after it."""
+
+    def __init__(self, deadline: float | None) -> None:
+        super().__init__(None, deadline)
+        self.hold = False
+        self.pending: str | None = None
+
+    def _raise(self, reason: str) -> None:
+        if self.hold:
+            self.pending = self.pending or reason
+            return
+        super()._raise(reason)
+
+    def __call__(self) -> "_signals":
+        return self
+
+    def critical(self) -> "_held":
+        return _held(self)
+
+
+class _held:
+    def __init__(self, signals: _signals) -> None:
+        self.signals = signals
+
+    def __enter__(self) -> None:
+        self.signals.hold = True
+
+    def __exit__(self, *exc: Any) -> None:
+        self.signals.hold = False
+        if self.signals.pending is not None and exc[0] is None:
+            reason, self.signals.pending = self.signals.pending, None
+            raise Interrupted(reason)
+
+
+@dataclass
+class _Entry:
+    driver: StudyDriver
+    priority: int
+    seq: int
+    pending: TrialJob | None = None   # asked, waiting for slots (it holds the head of the line)
+
+
+@dataclass
+class _Worker:
+    entry: _Entry
+    job: TrialJob
+    lease: Lease
+    gate: Gate = field(default_factory=Gate)
+    phase: str = "starting"
+    started: float = field(default_factory=time.time)
+    thread: threading.Thread | None = None
+
+
+class Scheduler:
+    def __init__(self, pool: GpuPool, *, parallel: int | None = None, poll_s: float = 0.2) -> None:
+        """`parallel`: most trials at once in this process (`run --parallel N`); None = as many as the
+        pool holds (`daemon`)."""
+        self.pool = pool
+        self.parallel = parallel
+        self.poll_s = poll_s
+        self._entries: list[_Entry] = []
+        self._workers: dict[tuple[str, int], _Worker] = {}
+        self._finished: queue.Queue[_Worker] = queue.Queue()
+        self._lock = threading.RLock()
+        self._seq = 0
+        self._last_recover = 0.0
+        self.recover_every_s = interval_s()
+        self.closed: list[tuple[StudyDriver, Any]] = []    # (driver, StudyResult) in the order they ended
+
+    # -- studies ------------------------------------------------------------------------------------
+    def add(self, driver: StudyDriver, priority: int = 0) -> None:
+        """Open the driver (if not yet) and queue it by priority."""
+        if not getattr(driver, "_opened", False):
+            driver.open()
+        with self._lock:
+            self._seq += 1
+            self._entries.append(_Entry(driver, priority, self._seq))
+            self._entries.sort(key=lambda e: (-e.priority, e.seq))
+        if len(self._entries) > 1 or (self.parallel or 2) > 1:
+            driver.tag_phases = True
+
+    def studies(self) -> list[str]:
+        with self._lock:
+            return [e.driver.name for e in self._entries]
+
+    def cancel(self, study: str, now: bool = False) -> None:
+        """No new trials of `study`; with `now`, its running trials are interrupted (and re-queued)."""
+        with self._lock:
+            for e in self._entries:
+                if e.driver.name == study:
+                    e.driver.cancelled = True
+            workers = [w for w in self._workers.values() if w.job.study == study]
+        if now:
+            for w in workers:
+                w.gate.interrupt("cancel")
+
+    # -- the two ways to run ------------------------------------------------------------------------
+    def run_until_done(self) -> str | None:
+        """`run`: until every study is done; SIGINT/SIGTERM/the deadline interrupt every running trial at
+        once (re-queued). Returns the stop reason (None, "timeout", "SIGINT", "SIGTERM")."""
+        deadlines = [e.driver.deadline for e in self._entries if e.driver.deadline is not None]
+        reason: str | None = None
+        with _signals(min(deadlines) if deadlines else None) as signals:
+            try:
+                while self._entries:
+                    with signals.critical():
+                        self._tick(leasing=True)
+                    if self._entries:
+                        self._wait(self.poll_s)
+            except Interrupted as e:
+                reason = e.reason
+                signals.hold = True             # further signals while the servers stop are noted only
+                self._stop_all(reason)
+        for e in list(self._entries):
+            if reason is not None and e.driver.stop_reason is None:
+                e.driver.stop_reason = reason
+            self._close(e)
+        stops = [d.stop_reason for d, _ in self.closed if d.stop_reason]
+        return reason or (stops[0] if stops else None)
+
+    def serve(self, stop: threading.Event, grace_s: float) -> None:
+        """`daemon`: until `stop` is set; then no new trials, running ones get `grace_s` to finish, the
+        rest are interrupted (re-queued). Drivers that are done are closed; the daemon adds new ones."""
+        while not stop.is_set():
+            self._tick(leasing=True)
+            stop.wait(self.poll_s)
+        for e in self._entries:
+            if e.pending is not None:
+                e.driver.interrupt(e.pending, "drain")
+                e.pending = None
+        end = time.monotonic() + grace_s
+        while self._workers and time.monotonic() < end:
+            self._tick(leasing=False)
+            self._wait(min(self.poll_s, max(0.0, end - time.monotonic())))
+        self._stop_all("drain")
+        for e in list(self._entries):
+            self._close(e)
+
+    # -- one pass -----------------------------------------------------------------------------------
+    def _wait(self, seconds: float) -> None:
+        try:
+            w = self._finished.get(timeout=seconds)
+            self._finished.put(w)
+        except queue.Empty:
+            pass
+
+    def _tick(self, leasing: bool) -> None:
+        self._reap()
+        now = time.monotonic()
+        if now - self._last_recover >= self.recover_every_s:
+            self._last_recover = now
+            for e in list(self._entries):
+                try:
+                    e.driver.recover()
+                except Exception as exc:        # a locked/unreachable database: next time
+                    log.warning("recovery of %s failed: %s", e.driver.name, exc)
+            self._check_lost()
+        if leasing:
+            self._launch()
+        for e in list(self._entries):
+            if e.pending is None and e.driver.done() and not self._has_workers(e):
+                self._close(e)
+
+    def _has_workers(self, e: _Entry) -> bool:
+        return any(w.entry is e for w in self._workers.values())
+
+    def _launch(self) -> None:
+        for e in list(self._entries):
+            while self.parallel is None or len(self._workers) < self.parallel:
+                if e.pending is None:
+                    if not e.driver.wants_trial():
+                        break
+                    e.pending = e.driver.next_job()
+                    if e.pending is None:
+                        continue            # a free check rejected it (told); ask again
+                job = e.pending
+                n = job.n_gpus if self.pool.physical else min(job.n_gpus, len(self.pool.slots))
+                if n > len(self.pool.slots):
+                    e.pending = None
+                    e.driver.finish(job, None, TrialOutcome(
+                        "failed", causes.CONSTRAINT, f"needs {n} GPUs; this host's pool has {len(self.pool.slots)}"))
+                    continue
+                lease = self.pool.try_lease(n, exclusive=job.exclusive)
+                if lease is None:
+                    return                  # head-of-line reservation: nothing behind it leases
+                e.pending = None
+                self._start(e, job, lease)
+            else:
+                return
+
+    def _start(self, e: _Entry, job: TrialJob, lease: Lease) -> None:
+        w = _Worker(e, job, lease)
+        record = e.driver.phase_for(job)
+
+        def phase(text: str) -> None:
+            w.phase = text
+            record(text)
+
+        def body() -> None:
+            set_gate(w.gate)
+            try:
+                try:
+                    outcome = e.driver.run_job(job, lease, phase)
+                except Interrupted as exc:
+                    e.driver.interrupt(job, exc.reason)
+                    return
+                except Exception as exc:            # a bug, not a candidate's failure: record it, go on
+                    log.error("trial %s of %s: %s", job.number, job.study, traceback.format_exc())
+                    outcome = TrialOutcome("failed", causes.CRASH, f"autotune error: {exc!r}")
+                e.driver.finish(job, lease, outcome)
+            except Interrupted as exc:              # arrived after the runner's gate closed
+                e.driver.interrupt(job, exc.reason)
+            finally:
+                set_gate(None)
+                self._finished.put(w)
+
+        with self._lock:
+            self._workers[(job.study, job.number)] = w
+        w.thread = threading.Thread(target=body, name=f"trial-{job.study}-{job.number}", daemon=True)
+        w.thread.start()
+
+    def _reap(self) -> None:
+        while True:
+            try:
+                w = self._finished.get_nowait()
+            except queue.Empty:
+                return
+            if w.thread is not None:
+                w.thread.join(timeout=5)
+            self.pool.release(w.lease)
+            with self._lock:
+                self._workers.pop((w.job.study, w.job.number), None)
+
+    def _check_lost(self) -> None:
+        """A trial another process has failed (our heartbeats did not reach the database in time) is
+        stopped: its parameters were already re-queued by that process."""
+        for w in list(self._workers.values()):
+            if not w.entry.driver.still_ours(w.job):
+                w.gate.interrupt("lost")
+
+    def _stop_all(self, reason: str) -> None:
+        """Interrupt every running trial and wait for their servers to stop; pending jobs re-queued."""
+        for e in self._entries:
+            if e.pending is not None:
+                e.driver.interrupt(e.pending, reason)
+                e.pending = None
+        for w in list(self._workers.values()):
+            w.gate.interrupt(reason)
+        end = time.monotonic() + _STOP_WAIT_S
+        while self._workers and time.monotonic() < end:
+            self._reap()
+            self._wait(0.1)
+        self._reap()
+
+    def _close(self, e: _Entry) -> None:
+        with self._lock:
+            if e not in self._entries:
+                return
+            self._entries.remove(e)
+        self.closed.append((e.driver, e.driver.close()))
+
+    # -- what /status serves ------------------------------------------------------------------------
+    def snapshot(self) -> dict[str, Any]:
+        with self._lock:
+            workers = list(self._workers.values())
+            entries = list(self._entries)
+        return {
+            "host": self.pool.host,
+            "pool": {"slots": list(self.pool.slots), "free": list(self.pool.free()), "physical": self.pool.physical},
+            "running": [{"study": w.job.study, "trial": w.job.number, "role": w.job.role, "slots": list(w.lease.slots),
+                         "gpus": list(w.lease.gpus), "cores": list(w.lease.cores), "port": w.lease.port,
+                         "phase": w.phase, "running_s": round(time.time() - w.started, 1)} for w in workers],
+            "studies": [{"name": e.driver.name, "priority": e.priority, "n_trials": e.driver.n_trials,
+                         "cancelled": e.driver.cancelled, "waiting_for_slots": e.pending.n_gpus if e.pending else None,
+                         "running_here": sum(1 for w in workers if w.entry is e)} for e in entries],
+        }

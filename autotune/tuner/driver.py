@@ -1,0 +1,540 @@
+"""One study's side of the scheduler: ask (with the running trials known), suggest, free checks, tell,
+evidence. Many trials of one study may run at once, in threads of this process and in other processes
+or hosts sharing the storage, so every decision here reads the shared database, not local state.
+
+Extension points for other parts of the tuner (docs/SCHEDULER.md, "Hooks"):
+- `before_launch`: checks run on a candidate after the free checks and before it gets GPUs; the first
+  that returns a TrialOutcome rejects it (told as failed, never launched).
+- `after_tell`: steps run after every trial is told (e.g. a warm start once the baseline is in).
+- `after_budget`: steps run once, in the main thread, when the study reaches its trials (e.g. the
+  confirmation of the winner) before the driver closes.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import math
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import optuna
+from optuna.exceptions import UpdateFinishedTrialError
+from optuna.trial import TrialState
+from sqlalchemy import insert
+from sqlalchemy.exc import IntegrityError, OperationalError
+
+from autotune import causes
+from autotune.daemon.heartbeat import Heartbeats, owner_alive_here
+from autotune.daemon.pool import Lease, host_name
+from autotune.engine.base import Engine
+from autotune.engine.process import kill_leftovers
+from autotune.errors import UserError
+from autotune.flags import flags_to_mapping
+from autotune.space import SearchSpace, mapping_to_flags
+from autotune.spec import StudySpec
+from autotune.store.models import EnqueuedRecord, utcnow
+from autotune.store.repository import ResultStore, sqlite_path
+from autotune.telemetry import headroom_violation
+from autotune.telemetry.base import TelemetrySource
+from autotune.tuner.host import hardware
+from autotune.tuner.interrupts import Interrupted
+from autotune.tuner.objectives import (failure_constraints, measured_constraints, pick,
+                                       placeholder_values)
+from autotune.tuner.progress import Progress
+from autotune.tuner.trial import Phase, TrialOutcome, TrialRunner, outcome_evidence
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+_LOST_RACE = (UpdateFinishedTrialError, OperationalError, RuntimeError)
+
+
+@dataclass
+class StudyResult:
+    complete: int
+    feasible: int
+    stopped_by: str | None    # None | "timeout" | "SIGINT" | "SIGTERM"
+
+
+@dataclass
+class TrialJob:
+    study: str
+    number: int               # Optuna trial.number
+    trial_id: int             # Optuna _trial_id
+    role: str                 # baseline | search | enqueued | confirm
+    params: dict[str, Any]
+    flags: list[str]          # rendered candidate flags
+    n_gpus: int               # TP x PP x DP of the candidate (1 on CPU/sim single-GPU)
+    exclusive: bool
+    violations: list[str] = field(default_factory=list)
+    started_at: dt.datetime | None = None
+    trial: optuna.Trial | None = field(default=None, repr=False)
+
+
+LaunchCheck = Callable[["StudyDriver", TrialJob], "TrialOutcome | None"]
+TellHook = Callable[["StudyDriver", TrialJob, TrialOutcome], None]
+BudgetStep = Callable[["StudyDriver"], None]
+
+
+def sampler_seed(spec_seed: int, host: str, pid: int, trials_so_far: int) -> int:
+    """Each process seeds differently: two processes (or a resumed one) with the spec's fixed seed
+    would otherwise propose the very same candidates."""
+    digest = hashlib.sha256(f"{spec_seed}:{host}:{pid}:{trials_so_far}".encode()).digest()
+    return int.from_bytes(digest[:4], "big")
+
+
+def make_sampler(spec: StudySpec, trials_so_far: int = 0, host: str | None = None,
+                 pid: int | None = None) -> optuna.samplers.BaseSampler:
+    """TPE with `constant_liar`: trials still running count as (pessimistic) results, so concurrent
+    asks spread out instead of proposing the same region."""
+    seed = sampler_seed(spec.seed, host or host_name(), os.getpid() if pid is None else pid, trials_so_far)
+    if spec.sampler == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if spec.sampler == "nsga2":
+        return optuna.samplers.NSGAIISampler(seed=seed)
+    if spec.sampler == "gp":
+        return optuna.samplers.GPSampler(seed=seed)
+    return optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=5, constant_liar=True)
+
+
+def expected_trial_s(records: Sequence[Any]) -> float | None:
+    """The median wall time of the trials that launched a server (measured or failed, not rejected by a
+    constraint nor interrupted). A trial started with less time than that left before `--timeout` would
+    most likely be cut off, wasting its startup and its slot: on a GPU host split into fixed-length
+    sessions, or an overnight run that must end by morning, it is better to stop cleanly."""
+    walls = sorted((r.finished_at - r.started_at).total_seconds() for r in records
+                   if r.state in ("ok", "failed") and r.cause not in (causes.CONSTRAINT, causes.PREDICTED_OOM)
+                   and r.finished_at is not None and r.started_at is not None)
+    if not walls:
+        return None
+    mid = len(walls) // 2
+    return walls[mid] if len(walls) % 2 else (walls[mid - 1] + walls[mid]) / 2
+
+
+def log_dir_for(spec: StudySpec) -> Path:
+    path = sqlite_path(spec.storage_url)
+    base = path.parent if path is not None else Path("autotune-logs")
+    return base / f"{spec.name}-logs"
+
+
+def layout_gpus(flags: Sequence[str]) -> int:
+    """TP x PP x DP of a launch (fixed flags and the candidate's, later ones win)."""
+    m = flags_to_mapping(flags)
+
+    def num(key: str) -> int:
+        try:
+            return max(int(m.get(key) or 1), 1)
+        except (TypeError, ValueError):
+            return 1
+    return num("tensor_parallel_size") * num("pipeline_parallel_size") * num("data_parallel_size")
+
+
+def gpu_model(hw: dict[str, Any]) -> str | None:
+    """The accelerator a trial ran on, from its hardware stamp (the simulated one on the simulator)."""
+    if hw.get("simulated_gpu"):
+        return f"simulated {hw['simulated_gpu']}"
+    names = sorted({g.get("name") for g in hw.get("gpus") or [] if g.get("name")})
+    return ", ".join(names) or None
+
+
+class StudyDriver:
+    """One study in one process. `next_job`/`finish`/`interrupt` may be called from several threads."""
+
+    def __init__(self, spec: StudySpec, space: SearchSpace, engine: Engine, telemetry: TelemetrySource,
+                 n_trials: int, timeout_s: float | None, fixed_flags: Sequence[str], engine_command: list[str],
+                 predict: Any = None, live: bool | None = None, started: float | None = None, *,
+                 progress: Progress | None = None, heartbeats: Heartbeats | None = None,
+                 host: str | None = None) -> None:
+        self.spec = spec
+        self.name = spec.name
+        self.space = space
+        self.engine = engine
+        self.telemetry = telemetry
+        self.n_trials = n_trials
+        self.timeout_s = timeout_s
+        self.fixed_flags = list(fixed_flags)
+        self.engine_command = engine_command
+        self.predict = predict
+        self.started = time.monotonic() if started is None else started   # --timeout counts from here
+        self.deadline = None if timeout_s is None else self.started + timeout_s
+        self.slo = spec.slo_obj
+        self.headroom_constraint = spec.telemetry.require_headroom
+        self.host = host or host_name()
+        self.progress = progress or Progress(spec.name, spec.objectives, n_trials, live=live)
+        self.heartbeats = heartbeats
+        self.tag_phases = False           # prefix phase lines with the trial (set when trials overlap)
+        self.stop_reason: str | None = None
+        self.cancelled = False
+        self.before_launch: list[LaunchCheck] = []
+        self.after_tell: list[TellHook] = []
+        self.after_budget: list[BudgetStep] = []
+        self._running: dict[int, TrialJob] = {}
+        self._lock = threading.RLock()
+        self._own_heartbeats = False
+        self._opened = False
+
+    # -- set-up -------------------------------------------------------------------------------------
+    def open(self) -> None:
+        """Create or load the study, check this host may join it, recover stale trials, enqueue the
+        baseline and the spec's candidates (once across processes)."""
+        self.store = ResultStore(self.spec.storage_url)
+        storage = optuna.storages.RDBStorage(self.spec.storage_url, engine_kwargs=(
+            {"connect_args": {"timeout": 30}} if self.spec.storage_url.startswith("sqlite") else {}))
+        self.study = optuna.create_study(study_name=self.spec.name, storage=storage, load_if_exists=True,
+                                         directions=self.spec.directions())
+        if list(self.study.directions) != [optuna.study.StudyDirection.MAXIMIZE if d == "maximize" else
+                                           optuna.study.StudyDirection.MINIMIZE for d in self.spec.directions()]:
+            raise UserError(f"study {self.spec.name!r} was created with other objectives; use a new study name")
+        self.study.sampler = make_sampler(self.spec, len(self.study.get_trials(deepcopy=False)), self.host)
+        self.record = self.store.ensure_study(
+            name=self.spec.name, model=self.spec.model, engine_kind=self.spec.engine.kind,
+            engine_command=self.engine_command, fixed_flags=self.fixed_flags,
+            space_hash=self.space.fingerprint(), spec_hash=self.spec.identity_hash(), spec=self.spec.public_dict(),
+            objectives=[[o, d] for o, d in zip(self.spec.objectives, self.spec.directions())],
+            slo=str(self.slo), quality_knobs=[p for p in self.space.quality_params])
+        self.log_dir = log_dir_for(self.spec)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.hardware = hardware(self.spec)
+        self.engine_version = self.engine.version()
+        self.identity = {"gpu_model": gpu_model(self.hardware), "engine_version": self.engine_version,
+                         "spec": self.spec.join_hash()}
+        self.check_identity()
+        if self.heartbeats is None:
+            self.heartbeats = Heartbeats(self.store.engine, host=self.host).start()
+            self._own_heartbeats = True
+        self.progress.__enter__()
+        self._opened = True
+        self.recover()
+        self._ensure_enqueued()
+        self.runner = TrialRunner(self.spec, self.engine, self.telemetry, self.store, self.log_dir,
+                                  self.fixed_flags, self.predict)
+
+    def check_identity(self) -> None:
+        """A host whose GPU model, engine version or spec differs from the study's first trials would
+        mix incomparable measurements into one search: refuse it with one line."""
+        first: dict[str, Any] = {}
+        for rec in self.store.trials(self.record.id):
+            for key, value in (rec.identity or {}).items():
+                if value is not None:
+                    first.setdefault(key, (value, rec.number))
+        words = {"gpu_model": "GPU model", "engine_version": "engine version", "spec": "spec"}
+        for key, word in words.items():
+            mine = self.identity.get(key)
+            if key in first and mine is not None and first[key][0] != mine:
+                raise UserError(f"study {self.spec.name!r}: this host's {word} ({mine}) differs from trial "
+                                f"{first[key][1]}'s ({first[key][0]}); use a new study name")
+
+    def recover(self) -> None:
+        """Fail and re-queue trials whose owner stopped beating, and stop servers left on this host by
+        a dead owner. Called at open and periodically by the scheduler."""
+        self._stop_leftovers()
+        with self._lock:
+            mine = {j.trial_id for j in self._running.values()}
+        running = [t for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+                   if t._trial_id not in mine]
+        assert self.heartbeats is not None
+        stale = self.heartbeats.stale(str(t._trial_id) for t in running)
+        requeued = []
+        for t in running:
+            if str(t._trial_id) not in stale:
+                continue
+            try:
+                self.study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+            except _LOST_RACE:
+                pass                        # another process failed it first
+            if self.claim(f"requeue:{t.number}"):
+                self._requeue(t.params, t.user_attrs.get("role", "search"), t.number)
+                self.store.mark_abandoned(self.record.id, {t.number})
+                requeued.append(t.number)
+            self.heartbeats.forget("trial", str(t._trial_id))
+        if requeued:
+            self.progress.message(f"re-queued trial(s) {', '.join(map(str, requeued))}: their process "
+                                  f"stopped beating (killed or cut off)")
+
+    def _stop_leftovers(self) -> None:
+        leftovers = []
+        for p in self.store.processes(self.spec.name):
+            if (p.host or self.host) != self.host:
+                continue                    # only a process on that host may stop it
+            if p.owner_pid == os.getpid() and p.owner_create_time is None and not self._running:
+                leftovers.append(p)         # an old record whose owner's PID we now carry
+            elif not owner_alive_here(p.owner_pid, p.owner_create_time) and p.owner_pid != os.getpid():
+                leftovers.append(p)
+        if leftovers:
+            stopped = kill_leftovers([(p.pid, p.pgid, p.create_time) for p in leftovers])
+            for p in leftovers:
+                self.store.forget_process(p.id)
+            self.progress.message(f"stopped {len(stopped)} server process(es) left by an earlier run")
+
+    def claim(self, key: str) -> bool:
+        """Insert (study, key) into autotune_enqueued; True for the one process that inserted it."""
+        try:
+            with self.store.engine.begin() as conn:
+                conn.execute(insert(EnqueuedRecord.__table__).values(
+                    study=self.spec.name, key=key, host=self.host, pid=os.getpid(), created_at=utcnow()))
+            return True
+        except IntegrityError:
+            return False
+
+    def _ensure_enqueued(self) -> None:
+        """The baseline first, then the spec's `enqueue:` candidates not yet run (a resumed study picks
+        up candidates added to the spec since), each enqueued once across processes."""
+        trials = self.study.get_trials(deepcopy=False)
+        has_baseline = any(t.user_attrs.get("role") == "baseline" for t in trials)
+        if self.claim("baseline") and not has_baseline:
+            params = self.space.baseline_params()
+            for k, v in (self.spec.baseline or {}).items():
+                if k in self.space.params and self.space.params[k].contains(v):
+                    params[k] = v
+            self.study.enqueue_trial(params, user_attrs={"role": "baseline", "enqueued": sorted(params)})
+        done = {t.user_attrs.get("spec_candidate") for t in trials}
+        for extra in self.spec.enqueue:
+            key = json.dumps(extra, sort_keys=True)
+            if key not in done and self.claim(f"spec:{key}"):
+                self.study.enqueue_trial(extra, user_attrs={"role": "enqueued", "enqueued": sorted(extra),
+                                                            "spec_candidate": key})
+
+    def _requeue(self, params: dict[str, Any], role: str, number: int) -> None:
+        self.study.enqueue_trial(params, user_attrs={"role": role, "enqueued": sorted(params),
+                                                     "requeued_from": number})
+
+    # -- counting -----------------------------------------------------------------------------------
+    def complete_count(self) -> int:
+        return len(self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+
+    def running_count(self) -> int:
+        """RUNNING trials of every process (a stale one counts until someone fails it)."""
+        return len(self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
+
+    def running_jobs(self) -> list[TrialJob]:
+        with self._lock:
+            return list(self._running.values())
+
+    def wants_trial(self) -> bool:
+        """Another trial may start: complete + running (everyone's) < n_trials, time left, not cancelled.
+
+        Two processes that check at the same instant may both ask: the study can overshoot by at most
+        one trial per other process asking in that window (milliseconds), never more."""
+        if self.cancelled or self.stop_reason is not None:
+            return False
+        if self.complete_count() + self.running_count() >= self.n_trials:
+            return False
+        if self.deadline is not None:
+            left = self.deadline - time.monotonic()
+            expected = expected_trial_s(self.store.trials(self.record.id)) or 0.0
+            if left <= 0 or left < expected:
+                if left > 0:
+                    self.progress.message(f"not starting another trial: one takes ~{expected:.0f} s "
+                                          f"and {left:.0f} s are left")
+                self.stop_reason = "timeout"
+                return False
+        return True
+
+    def budget_reached(self) -> bool:
+        return self.complete_count() >= self.n_trials
+
+    def done(self) -> bool:
+        """Nothing more for this process to do: budget reached (or stopped / cancelled) and nothing of
+        ours running. Trials other processes still run are theirs to finish; one of them that stops
+        beating is re-queued by `recover` while we are still here."""
+        if self._running:
+            return False
+        return self.cancelled or self.stop_reason is not None or self.budget_reached()
+
+    # -- one trial ----------------------------------------------------------------------------------
+    def next_job(self) -> TrialJob | None:
+        """Ask for a candidate and run the free checks; None when one rejected it (already told)."""
+        with self._lock:
+            trial = self.study.ask()
+            assert self.heartbeats is not None
+            self.heartbeats.track(str(trial._trial_id), self.spec.name)
+            role = trial.user_attrs.get("role", "search")
+            # Enqueued trials (the baseline, re-queued ones) sample exactly their enqueued params, so what
+            # Optuna records is what ran.
+            params = self.space.suggest(trial, only=trial.user_attrs.get("enqueued"))
+            flags = mapping_to_flags(self.spec.baseline or {}) if role == "baseline" else self.space.render(params)
+            violations = (self.space.violations(params, self.fixed_flags, self.spec.num_gpus)
+                          if role != "baseline" else [])
+            job = TrialJob(study=self.spec.name, number=trial.number, trial_id=trial._trial_id, role=role,
+                           params=params, flags=flags, n_gpus=layout_gpus([*self.fixed_flags, *flags]),
+                           exclusive=bool(getattr(self.spec, "exclusive", False)), violations=violations,
+                           started_at=utcnow(), trial=trial)
+            self._running[job.number] = job
+            self.progress.trial_started(trial.number, role, self.complete_count(), flags)
+            self.store.save_trial(self.record.id, trial.number, state="running", optuna_trial_id=trial._trial_id,
+                                  role=role, params=params, flags=flags, engine_version=self.engine_version,
+                                  hardware=self.hardware, workload=self.spec.workload,
+                                  spec_hash=self.spec.identity_hash(), started_at=job.started_at,
+                                  host=self.host, identity=self.identity)
+        rejected = self.runner.precheck(flags, violations)
+        for check in self.before_launch:
+            if rejected is not None:
+                break
+            rejected = check(self, job)
+        if rejected is not None:
+            self.finish(job, None, rejected)
+            return None
+        return job
+
+    def phase_for(self, job: TrialJob) -> Phase:
+        if not self.tag_phases:
+            return self.progress.phase
+        return lambda text: self.progress.phase(f"[trial {job.number}] {text}")
+
+    def run_job(self, job: TrialJob, lease: Lease, phase: Phase) -> TrialOutcome:
+        """Worker thread: launch, measure, stop. Raises Interrupted when the scheduler stops it."""
+        self.store.save_trial(self.record.id, job.number, lease=lease.to_json())
+        return self.runner.run(job.number, job.flags, [], phase, lease=lease)
+
+    def finish(self, job: TrialJob, lease: Lease | None, outcome: TrialOutcome) -> None:
+        """Tell Optuna and store the evidence (thread-safe)."""
+        with self._lock:
+            try:
+                self._tell(job, outcome, lease)
+            finally:
+                self._running.pop(job.number, None)
+                assert self.heartbeats is not None
+                self.heartbeats.untrack(str(job.trial_id))
+        for hook in self.after_tell:
+            hook(self, job, outcome)
+
+    def interrupt(self, job: TrialJob, reason: str) -> None:
+        """FAIL the trial (not counted), re-queue its parameters once, record it as interrupted."""
+        with self._lock:
+            try:
+                try:
+                    self.study._storage.set_trial_state_values(job.trial_id, TrialState.FAIL)
+                except _LOST_RACE:
+                    pass
+                if self.claim(f"requeue:{job.number}"):
+                    self._requeue(job.params, job.role, job.number)
+                self.store.save_trial(self.record.id, job.number, state="interrupted", cause=causes.INTERRUPTED,
+                                      detail=f"stopped by {reason}; parameters re-queued", finished_at=utcnow(),
+                                      **self._overlap_fields(job))
+                self.progress.trial_finished(job.number, job.role, "interrupted", None, reason)
+            finally:
+                self._running.pop(job.number, None)
+                assert self.heartbeats is not None
+                self.heartbeats.untrack(str(job.trial_id))
+
+    def still_ours(self, job: TrialJob) -> bool:
+        """False once another process has failed this trial (our heartbeats did not reach it in time)."""
+        try:
+            return self.study._storage.get_trial(job.trial_id).state == TrialState.RUNNING
+        except Exception:
+            return True
+
+    def _overlap_fields(self, job: TrialJob) -> dict[str, Any]:
+        """The trials of this study (any process) whose run overlapped ours, and the measurement flag."""
+        start, end = job.started_at or utcnow(), utcnow()
+        overlapped = []
+        for rec in self.store.trials(self.record.id):
+            if rec.number == job.number or rec.cause in (causes.CONSTRAINT, causes.PREDICTED_OOM):
+                continue
+            if rec.started_at is not None and rec.started_at < end and (rec.finished_at is None
+                                                                       or rec.finished_at > start):
+                overlapped.append(rec.number)
+        flags = ["overlapped"] if overlapped else []
+        return {"overlapped": overlapped, "measurement_flags": flags}
+
+    def _tell(self, job: TrialJob, outcome: TrialOutcome, lease: Lease | None) -> None:
+        trial = job.trial
+        assert trial is not None
+        headroom_value = None
+        if outcome.telemetry is not None:
+            headroom_value = headroom_violation(outcome.telemetry, self.spec.telemetry.headroom_margin)
+        values = pick(self.spec.objectives, outcome.observed) if outcome.state != "failed" else None
+        if outcome.state == "failed" or values is None:
+            if outcome.state != "failed":
+                outcome.state, outcome.cause = "failed", outcome.cause or causes.CRASH
+                outcome.detail = outcome.detail or "an objective could not be measured"
+            constraints = failure_constraints(self.slo, self.headroom_constraint)
+            history = [t.values for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                       if t.user_attrs.get("measured")]
+            told = placeholder_values(self.spec.objectives, history)
+        else:
+            constraints = measured_constraints(self.slo, outcome.metrics, headroom_value, self.headroom_constraint)
+            told = values
+            if not all(v <= 0 for v in constraints.values()):
+                outcome.state = "infeasible"
+            trial.set_user_attr("measured", True)
+        lost = False
+        try:
+            for key, value in constraints.items():
+                trial.set_constraint(key, float(value) if math.isfinite(value) else 1e9)
+            trial.set_user_attr("cause", outcome.cause)
+            self.study.tell(trial, told)
+        except (UpdateFinishedTrialError, ValueError, RuntimeError):
+            lost = True    # another process judged us dead and re-queued these parameters
+        evidence = outcome_evidence(outcome)
+        if outcome.startup is not None and outcome.startup.engine_version:
+            # The API server has no --version: its version is known once one launch has logged its banner.
+            self.engine_version = outcome.startup.engine_version
+            self.identity["engine_version"] = self.engine_version
+        evidence["engine_version"] = self.engine_version
+        measured = dict(zip(self.spec.objectives, values)) if values is not None else {}
+        if lost:
+            evidence.update(state="interrupted", cause=causes.INTERRUPTED,
+                            detail="finished after another process had judged it dead (its heartbeat was stale) "
+                                   "and re-queued its parameters")
+        overlap = self._overlap_fields(job)
+        flags = sorted(set(overlap.pop("measurement_flags")) | ({"client_saturated"} if outcome.cause ==
+                                                               causes.CLIENT_SATURATED else set()))
+        self.store.save_trial(self.record.id, job.number, objectives=measured, constraints=constraints,
+                              finished_at=utcnow(), identity=self.identity, measurement_flags=flags,
+                              **overlap, **evidence)
+        if outcome.measurement is not None:
+            rec = self.store.trial(self.record.id, job.number)
+            assert rec is not None
+            self.store.add_series(rec.id, "requests", outcome.measurement.to_json()["requests"])
+            if outcome.telemetry is not None and outcome.telemetry.series:
+                from autotune.telemetry import series_for_store
+                self.store.add_series(rec.id, "telemetry", series_for_store(outcome.telemetry))
+        note = outcome.cause or ""
+        if outcome.state == "infeasible":
+            broken = [k for k, v in constraints.items() if v > 0]
+            note = "breaks " + ", ".join(broken) + (f" ({outcome.cause})" if outcome.cause else "")
+        self.progress.trial_finished(job.number, job.role, evidence["state"], measured or None, note)
+
+    # -- the end ------------------------------------------------------------------------------------
+    def feasible_trials(self) -> list[optuna.trial.FrozenTrial]:
+        out = []
+        for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+            if t.user_attrs.get("measured") and all(v <= 0 for v in t.constraints.values()):
+                out.append(t)
+        return out
+
+    def close(self) -> StudyResult:
+        """Run the after-budget steps (once the study reached its trials), keep the best series, and
+        stop beating for this study."""
+        try:
+            if self._opened and self.budget_reached() and self.stop_reason is None and not self.cancelled:
+                for step in self.after_budget:
+                    step(self)
+            if self._opened:
+                self._keep_best_series()
+        finally:
+            if self._own_heartbeats and self.heartbeats is not None:
+                self.heartbeats.stop()
+            if self._opened:
+                self.progress.__exit__(None, None, None)
+        return self.result()
+
+    def result(self) -> StudyResult:
+        return StudyResult(self.complete_count(), len(self.feasible_trials()), self.stop_reason)
+
+    def _keep_best_series(self) -> None:
+        """Raw series are kept for the best few trials only, so the DB stays small overnight."""
+        best = sorted(self.feasible_trials(), key=lambda t: -t.values[0]
+                      if self.spec.directions()[0] == "maximize" else t.values[0])[: self.spec.keep_series]
+        keep = {rec.id for rec in self.store.trials(self.record.id) if rec.number in {t.number for t in best}}
+        self.store.keep_series_only_for(self.record.id, keep)
+
+
+__all__ = ["StudyDriver", "StudyResult", "TrialJob", "expected_trial_s", "layout_gpus", "log_dir_for",
+           "make_sampler", "sampler_seed", "Interrupted"]

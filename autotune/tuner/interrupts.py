@@ -1,0 +1,142 @@
+"""How a trial is stopped in the middle: signals and the deadline reach the main thread as
+`Interrupted`; the scheduler passes them on to each worker thread through its `Gate`.
+
+A worker is interrupted by raising `Interrupted` inside it (CPython's PyThreadState_SetAsyncExc), so a
+trial stops wherever it is, in a load step or while the server starts, the same way Ctrl-C stops the
+main thread. The gate is armed only while the runner holds a started, registered server inside its
+try/finally: an exception can then never land between a fork and its bookkeeping, nor inside the
+server's stop, and at most one is ever sent.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import threading
+import time
+from typing import Any
+
+
+class Interrupted(KeyboardInterrupt):
+    """The invocation was stopped (signal or timeout); `reason` says which. A KeyboardInterrupt, so
+    that no `except Exception` on the way (an HTTP client counting a failed request) can swallow it,
+    and asyncio stops its loop at once instead of parking it in a task."""
+
+    def __init__(self, reason: str = "interrupted"):
+        super().__init__(reason)
+        self.reason = reason
+
+
+_classes: dict[str, type[Interrupted]] = {}
+
+
+def _interrupted_class(reason: str) -> type[Interrupted]:
+    """An async exception is raised from its class: one subclass per reason carries the reason."""
+    if reason not in _classes:
+        def __init__(self: Interrupted, *args: Any) -> None:
+            Interrupted.__init__(self, reason)
+        _classes[reason] = type(f"Interrupted_{len(_classes)}", (Interrupted,), {"__init__": __init__})
+    return _classes[reason]
+
+
+def _async_raise(thread_id: int, exc: type[BaseException] | None) -> int:
+    return ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id),
+                                                      ctypes.py_object(exc) if exc is not None else None)
+
+
+class Gate:
+    """One per worker thread. `interrupt` may be called from any thread, any number of times."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._tid: int | None = None
+        self._sent = False
+        self.reason: str | None = None
+
+    def interrupt(self, reason: str) -> None:
+        with self._lock:
+            if self.reason is None:
+                self.reason = reason
+            self._send()
+
+    def _send(self) -> None:
+        if self._tid is not None and self.reason is not None and not self._sent:
+            self._sent = True
+            _async_raise(self._tid, _interrupted_class(self.reason))
+
+    def check(self) -> None:
+        """Raise at once if an interrupt was asked for (call before starting anything costly)."""
+        if self.reason is not None:
+            raise Interrupted(self.reason)
+
+    def __enter__(self) -> "Gate":
+        with self._lock:
+            self._tid = threading.get_ident()
+            self._send()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        with self._lock:
+            if self._tid is not None and self._sent:
+                _async_raise(self._tid, None)   # clear one sent but not yet delivered
+            self._tid = None
+
+
+_local = threading.local()
+
+
+def current_gate() -> Gate | None:
+    """The gate of this worker thread (None in the main thread and outside the scheduler)."""
+    return getattr(_local, "gate", None)
+
+
+def set_gate(gate: Gate | None) -> None:
+    _local.gate = gate
+
+
+class interruptible:
+    """`with interruptible():` arms this thread's gate, if it has one, for the block."""
+
+    def __enter__(self) -> None:
+        gate = current_gate()
+        if gate is not None:
+            gate.__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        gate = current_gate()
+        if gate is not None:
+            gate.__exit__(*exc)
+
+
+class _interrupts:
+    """Turn SIGINT, SIGTERM and the deadline into `Interrupted` in the main thread."""
+
+    def __init__(self, loop: Any, deadline: float | None):
+        self.loop = loop
+        self.deadline = deadline
+        self.reason: str | None = None
+        self._timer: threading.Timer | None = None
+
+    def _raise(self, reason: str) -> None:
+        self.reason = reason
+        raise Interrupted(reason)
+
+    def __enter__(self) -> "_interrupts":
+        self._old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+        signal.signal(signal.SIGINT, lambda *_: self._raise("SIGINT"))
+        signal.signal(signal.SIGTERM, lambda *_: self._raise("SIGTERM"))
+        if self.deadline is not None:
+            self._timer = threading.Timer(max(0.0, self.deadline - time.monotonic()),
+                                          lambda: os.kill(os.getpid(), signal.SIGUSR1))
+            signal.signal(signal.SIGUSR1, lambda *_: self._raise("timeout"))
+            self._timer.daemon = True
+            self._timer.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+        for s, h in self._old.items():
+            signal.signal(s, h)

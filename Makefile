@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 DEMO   := models/demo
 DB     := sqlite:///studies/demo-cpu.db
 
-.PHONY: setup demo-model run test test-fast clean
+.PHONY: setup demo-model run test test-fast postgres clean
 
 setup: $(STAMP)
 
@@ -27,8 +27,16 @@ run: demo-model
 	$(BIN)/autotune show --storage $(DB)
 	$(BIN)/autotune export --storage $(DB) --format vllm-yaml -o studies/demo-cpu-best.yaml
 
-test: demo-model
+test: demo-model postgres
 	$(PY) -m pytest -q -p no:cacheprovider
+
+# PostgreSQL server binaries for the multi-host tests (they start a throwaway server themselves):
+# installed when missing and running as root; otherwise those tests skip and say why.
+postgres:
+	@if ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ]; then \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql; \
+	else echo "PostgreSQL server binaries missing (apt-get install postgresql as root): the PostgreSQL tests will skip"; fi
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider -m "not e2e and not vllm"

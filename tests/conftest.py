@@ -147,3 +147,31 @@ def autotune_run() -> type[AutotuneRun]:
 def servers_in():
     """`servers_in(cwd, marker)`: the server processes a test's runs left (should be none)."""
     return _servers_in
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator["ThrowawayPostgres"]:
+    """A real PostgreSQL server on a free loopback port, started here and stopped (checked by PID) at
+    the end of the session; skipped only where the server binaries are absent (`make postgres`)."""
+    from autotune.store.pgserver import ThrowawayPostgres, find_bindir
+
+    if find_bindir() is None:
+        pytest.skip("PostgreSQL server binaries not found under /usr/lib/postgresql/*/bin "
+                    "(`make postgres` installs them as root)")
+    pg = ThrowawayPostgres().start()
+    pid = pg.pid
+    try:
+        yield pg
+    finally:
+        pg.stop()
+    assert pid is not None and not _running(pid), f"PostgreSQL server {pid} still running"
+
+
+@pytest.fixture()
+def postgres_url(postgres_server: "ThrowawayPostgres", request: pytest.FixtureRequest) -> str:
+    """A fresh, empty database on the session's server, for one test."""
+    import re
+    import uuid
+
+    name = re.sub(r"[^a-z0-9_]", "_", request.node.name.lower())[:40] + "_" + uuid.uuid4().hex[:6]
+    return postgres_server.create_database(name)

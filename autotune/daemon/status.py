@@ -17,7 +17,7 @@ from autotune.daemon.queue import QUEUED, Entry
 from autotune.store.models import StudyRecord, TrialRecord
 from autotune.store.queries import best_trial
 from autotune.store.repository import ResultStore
-from autotune.tuner.study import expected_trial_s
+from autotune.tuner.driver import expected_trial_s
 
 FINISHED = ("ok", "infeasible", "failed")   # told to Optuna as COMPLETE: they count towards n_trials
 

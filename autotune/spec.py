@@ -194,9 +194,14 @@ class StudySpec(_Strict):
         return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
     def public_dict(self) -> dict[str, Any]:
-        """The spec as stored: environment values are redacted (tokens never reach the DB)."""
+        """The spec as stored: environment values are redacted (tokens never reach the DB), and so is a
+        password in the storage URL."""
+        from autotune.store.urls import mask_url
+
         body = self.model_dump()
         body["engine"]["env"] = {k: "<redacted>" for k in self.engine.env}
+        if body.get("storage"):
+            body["storage"] = mask_url(body["storage"])
         return body
 
 

@@ -73,7 +73,7 @@ def submit_main(argv: Sequence[str]) -> int:
 
 def submit_to(storage: str, body: dict[str, Any]) -> dict[str, Any]:
     """Queue a resolved spec (what `submit --storage` and the daemon's POST /submit both do)."""
-    from autotune.daemon.queue import StudyQueue
+    from autotune.daemon.queue import StudyQueue, create_tables
     from autotune.spec import build_spec
 
     if not isinstance(body.get("spec"), dict) or not isinstance(body.get("name"), str):
@@ -84,6 +84,7 @@ def submit_to(storage: str, body: dict[str, Any]) -> dict[str, Any]:
         budget = None if body.get("time_budget_s") is None else float(body["time_budget_s"])
     except (KeyError, TypeError, ValueError):
         raise UserError("submit: priority, n_trials and time_budget_s must be numbers") from None
+    create_tables(storage)
     e = StudyQueue(storage).submit(body["name"], body["spec"], priority=priority, n_trials=n_trials,
                                    time_budget_s=budget)
     return {"queued": e.name, "priority": e.priority, "n_trials": e.n_trials}

@@ -169,3 +169,23 @@ class StudyQueue:
                             .values(seconds_used=used + add, tick_at=now))
             s.commit()
             return used + add if res.rowcount else used
+
+
+def create_tables(url: str) -> None:
+    """Every table a daemon uses (the queue, autotune's, Optuna's), made once. Two daemons starting
+    together on a fresh PostgreSQL database race on CREATE TABLE (a UniqueViolation on pg_type for
+    the loser): the loser tries again and finds the tables made."""
+    import optuna
+
+    from autotune.store.repository import ResultStore
+
+    for attempt in range(5):
+        try:
+            StudyQueue(url)
+            ResultStore(url).engine.dispose()
+            optuna.storages.RDBStorage(url).engine.dispose()
+            return
+        except (IntegrityError, ProgrammingError):
+            if attempt == 4:
+                raise
+            time.sleep(0.2 * (attempt + 1))

@@ -24,7 +24,7 @@ from autotune.daemon.api import StatusServer, check_listen, read_token
 from autotune.daemon.heartbeat import Heartbeats
 from autotune.daemon.metrics import BusyClock, prometheus
 from autotune.daemon.pool import GpuPool, host_name, parse_gpus
-from autotune.daemon.queue import CANCELLED, QUEUED, Entry, StudyQueue
+from autotune.daemon.queue import CANCELLED, QUEUED, Entry, StudyQueue, create_tables
 from autotune.daemon.resolve import spec_for_daemon
 from autotune.daemon.scheduler import Scheduler
 from autotune.daemon.status import live_daemons, study_rows
@@ -68,6 +68,7 @@ class Daemon:
 
     # -- life -----------------------------------------------------------------------------------------
     def run(self) -> int:
+        create_tables(self.storage)
         self.queue = StudyQueue(self.storage)
         self.store = ResultStore(self.storage)
         self.heartbeats = Heartbeats(self.store.engine, host=self.host)

@@ -112,7 +112,10 @@ async def _serve(ns: argparse.Namespace, plan: Plan, name: str, log: object) -> 
     from autotune.sim.server import SimServer
 
     server = SimServer(plan, name, ns.time_scale, ns.seed, ns.noise, ns.max_events_per_s)
-    runner = web.AppRunner(server.app(), access_log=None, handle_signals=False)
+    # shutdown_timeout: requests still waiting in the (now stopped) scheduler would hold a graceful
+    # shutdown for aiohttp's default 60 s; a stopped server should be gone in a moment, as when the
+    # tuner that started it dies (its parent-death SIGTERM) and nobody follows up with SIGKILL
+    runner = web.AppRunner(server.app(), access_log=None, handle_signals=False, shutdown_timeout=2.0)
     await runner.setup()
     site = web.TCPSite(runner, ns.host, ns.port)
     try:

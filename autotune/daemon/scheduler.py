@@ -71,6 +71,7 @@ class _Entry:
     priority: int
     seq: int
     pending: TrialJob | None = None   # asked, waiting for slots (it holds the head of the line)
+    waiting_since: float = 0.0
 
 
 @dataclass
@@ -197,15 +198,26 @@ class Scheduler:
     def _has_workers(self, e: _Entry) -> bool:
         return any(w.entry is e for w in self._workers.values())
 
+    def _line(self) -> list[_Entry]:
+        """Who leases first: higher priority; within a priority, a candidate already waiting for slots
+        (the longest-waiting first), then the studies in the order they were added."""
+        with self._lock:
+            return sorted(self._entries, key=lambda e: (-e.priority, e.waiting_since if e.pending else float("inf"),
+                                                        e.seq))
+
     def _launch(self) -> None:
-        for e in list(self._entries):
+        blocked = False          # the head of the line waits for slots: the others only join the line
+        for e in self._line():
             while self.parallel is None or len(self._workers) < self.parallel:
                 if e.pending is None:
                     if not e.driver.wants_trial():
                         break
                     e.pending = e.driver.next_job()
+                    e.waiting_since = time.monotonic()
                     if e.pending is None:
                         continue            # a free check rejected it (told); ask again
+                if blocked:
+                    break
                 job = e.pending
                 n = job.n_gpus if self.pool.physical else min(job.n_gpus, len(self.pool.slots))
                 if n > len(self.pool.slots):
@@ -215,7 +227,8 @@ class Scheduler:
                     continue
                 lease = self.pool.try_lease(n, exclusive=job.exclusive)
                 if lease is None:
-                    return                  # head-of-line reservation: nothing behind it leases
+                    blocked = True          # head-of-line reservation: nothing behind it leases
+                    break
                 e.pending = None
                 self._start(e, job, lease)
             else:

@@ -47,6 +47,31 @@ def _telemetry_line(study: StudyRecord, t: TrialRecord) -> str:
     return format_summary(t.telemetry, margin=margin)
 
 
+def _span(values: list[int]) -> str:
+    """[0, 1, 2, 5] -> "0-2,5"."""
+    out: list[str] = []
+    for v in sorted(values):
+        if out and "-" not in out[-1].split(",")[-1] and int(out[-1]) == v - 1:
+            out[-1] = f"{out[-1]}-{v}"
+        elif out and "-" in out[-1] and int(out[-1].split("-")[1]) == v - 1:
+            out[-1] = f"{out[-1].split('-')[0]}-{v}"
+        else:
+            out.append(str(v))
+    return ",".join(out)
+
+
+def placement_line(t: TrialRecord) -> str:
+    """Where a trial ran and beside which trials: concurrent trials disturb each other's numbers."""
+    if not t.lease:
+        return ""
+    lease = t.lease
+    where = f"GPUs {_span(lease['gpus'])}" if lease.get("gpus") else f"slots {_span(lease.get('slots') or [])}"
+    text = f"ran on {t.host or lease.get('host')}, {where}, cores {_span(lease.get('cores') or [])}"
+    if t.overlapped:
+        text += f"; overlapped trial(s) {', '.join(map(str, t.overlapped))} (measurement flag overlapped)"
+    return text
+
+
 def trial_rows(study: StudyRecord, trials: list[TrialRecord]) -> list[dict[str, Any]]:
     names = [o for o, _ in study.objectives]
     rows = []
@@ -62,6 +87,8 @@ def trial_rows(study: StudyRecord, trials: list[TrialRecord]) -> list[dict[str, 
             "capacity": (t.capacity or {}).get("capacity"),
             "kv_cache_tokens": t.kv_cache_tokens, "startup_seconds": t.startup_seconds,
             "telemetry": t.telemetry, "simulated": t.simulated, "engine_version": t.engine_version,
+            "host": t.host, "lease": t.lease, "overlapped": t.overlapped or [],
+            "measurement_flags": t.measurement_flags or [],
         })
     return rows
 
@@ -103,8 +130,9 @@ def show_command(args: argparse.Namespace) -> int:
         line = _telemetry_line(study, t)
         why = t.detail if (t.state != "ok" or t.cause) and t.detail else ""
         note = (t.capacity or {}).get("note") or ""
-        if line or why or note:
-            console.print(f"  trial {t.number}: " + "; ".join(x for x in (why, line, note) if x))
+        placed = placement_line(t) if any(r.overlapped for r in trials) else ""
+        if line or why or note or placed:
+            console.print(f"  trial {t.number}: " + "; ".join(x for x in (why, line, note, placed) if x))
     if front:
         console.print("[bold]Pareto front[/] (feasible, non-dominated; * above): " + ", ".join(
             f"#{t.number} (" + ", ".join(f"{n}={_fmt(t.objectives[n])}" for n in names) + ")" for t in front))

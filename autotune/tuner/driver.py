@@ -311,6 +311,13 @@ class StudyDriver:
         """RUNNING trials of every process (a stale one counts until someone fails it)."""
         return len(self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
 
+    def counts(self) -> tuple[int, int]:
+        """(complete, running) from ONE read: counted by two reads, a trial finishing in between would
+        be in neither, and another trial would start beyond the budget."""
+        trials = self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING))
+        complete = sum(1 for t in trials if t.state == TrialState.COMPLETE)
+        return complete, len(trials) - complete
+
     def running_jobs(self) -> list[TrialJob]:
         with self._lock:
             return list(self._running.values())
@@ -318,11 +325,11 @@ class StudyDriver:
     def wants_trial(self) -> bool:
         """Another trial may start: complete + running (everyone's) < n_trials, time left, not cancelled.
 
-        Two processes that check at the same instant may both ask: the study can overshoot by at most
-        one trial per other process asking in that window (milliseconds), never more."""
+        Check and ask are not one transaction: processes that both have a free slot and check in the
+        same few milliseconds may both ask, so a study can overshoot by one trial per such process."""
         if self.cancelled or self.stop_reason is not None:
             return False
-        if self.complete_count() + self.running_count() >= self.n_trials:
+        if sum(self.counts()) >= self.n_trials:
             return False
         if self.deadline is not None:
             left = self.deadline - time.monotonic()

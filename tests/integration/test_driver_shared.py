@@ -1,0 +1,115 @@
+"""Several drivers (as several processes or hosts would) on one SQLite study: a stale trial is failed and re-queued once however many see it; a
+host whose spec differs is refused; enqueues happen once; sampler seeds differ per process."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+from sqlalchemy import text
+
+from autotune.daemon.heartbeat import Heartbeats
+from autotune.errors import UserError
+from autotune.tuner.command import prepare_spec
+from autotune.tuner.driver import StudyDriver, layout_gpus, sampler_seed
+from autotune.tuner.progress import Progress
+
+
+def _raw(tmp_path: Path, **extra: Any) -> dict[str, Any]:
+    raw = {"name": "shared", "model": "llama-3.1-8b",
+           "engine": {"kind": "sim", "gpu": "H100", "num_gpus": 1, "time_scale": 50},
+           "workload": {"kind": "random", "input_len": 256, "output_len": 32}, "slo": "ttft:p99<=1s",
+           "telemetry": {"source": "sim"}, "storage": f"sqlite:///{tmp_path}/s.db", "budget": {"n_trials": 4}}
+    raw.update(extra)
+    return raw
+
+
+def _driver(tmp_path: Path, host: str, **extra: Any) -> StudyDriver:
+    parts = prepare_spec(_raw(tmp_path, **extra), "spec", None)
+    return StudyDriver(**parts, host=host, progress=Progress("shared", ["capacity_tps"], 4, live=False))
+
+
+def _open(driver: StudyDriver, interval_s: float = 0.2) -> StudyDriver:
+    from autotune.store.repository import make_engine
+    driver.heartbeats = Heartbeats(make_engine(driver.spec.storage_url), interval_s=interval_s, host=driver.host)
+    driver.open()
+    return driver
+
+
+def test_a_stale_trial_is_requeued_once_when_many_see_it(tmp_path: Path) -> None:
+    owner = _open(_driver(tmp_path, "host-dead"))
+    job = owner.next_job()                                  # the baseline, now RUNNING with a heartbeat
+    assert job is not None and job.role == "baseline"
+    with owner.store.engine.begin() as conn:                # its owner stops beating 10 s ago (DB clock)
+        conn.execute(text("update autotune_heartbeats set beat_at = strftime('%Y-%m-%d %H:%M:%f', 'now', "
+                          "'-10 seconds') where kind = 'trial'"))
+    watchers = [_open(_driver(tmp_path, f"host-{i}")) for i in range(4)]
+    barrier = threading.Barrier(len(watchers))
+    errors: list[BaseException] = []
+
+    def watch(d: StudyDriver) -> None:
+        try:
+            barrier.wait()
+            d.recover()
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=watch, args=(d,)) for d in watchers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    study = optuna.load_study(study_name="shared", storage=owner.spec.storage_url)
+    trials = study.get_trials(deepcopy=False)
+    assert trials[job.number].state == TrialState.FAIL
+    requeued = [t for t in trials if t.user_attrs.get("requeued_from") == job.number]
+    assert len(requeued) == 1 and requeued[0].state == TrialState.WAITING
+    assert requeued[0].system_attrs["fixed_params"] == job.params
+    assert owner.store.trial(owner.record.id, job.number).state == "interrupted"
+    # The owner was only cut off: it learns that the trial is no longer its own.
+    assert owner.still_ours(job) is False
+    for d in [owner, *watchers]:
+        d.heartbeats.stop()
+
+
+def test_the_baseline_and_spec_candidates_are_enqueued_once(tmp_path: Path) -> None:
+    extra = {"enqueue": [{"max_num_seqs": 64}]}
+    drivers = [_open(_driver(tmp_path, f"h{i}", **extra)) for i in range(3)]
+    study = optuna.load_study(study_name="shared", storage=drivers[0].spec.storage_url)
+    waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+    assert sorted(t.user_attrs["role"] for t in waiting) == ["baseline", "enqueued"]
+    for d in drivers:
+        d.heartbeats.stop()
+
+
+def test_a_host_with_another_spec_is_refused_with_one_line(tmp_path: Path) -> None:
+    first = _open(_driver(tmp_path, "h1"))
+    assert first.next_job() is not None                     # a trial stamped with the study's identity
+    other = _driver(tmp_path, "h2", workload={"kind": "random", "input_len": 999, "output_len": 32})
+    with pytest.raises(UserError) as e:
+        _open(other)
+    assert "spec" in str(e.value) and "\n" not in str(e.value)
+    same_but_other_gpus = _open(_driver(tmp_path, "h3", gpus=[4, 5]))   # its own pool is fine
+    for d in (first, same_but_other_gpus):
+        d.heartbeats.stop()
+    if other.heartbeats is not None:
+        other.heartbeats.stop()
+
+
+def test_each_process_seeds_its_sampler_differently() -> None:
+    seeds = {sampler_seed(0, "a", 1, 0), sampler_seed(0, "a", 2, 0), sampler_seed(0, "b", 1, 0),
+             sampler_seed(0, "a", 1, 5), sampler_seed(1, "a", 1, 0)}
+    assert len(seeds) == 5 and sampler_seed(0, "a", 1, 0) == sampler_seed(0, "a", 1, 0)
+
+
+@pytest.mark.parametrize("flags,n", [([], 1), (["--tensor-parallel-size", "2"], 2),
+                                     (["--tensor-parallel-size=4", "--data-parallel-size", "2"], 8),
+                                     (["--pipeline-parallel-size", "2", "--tensor-parallel-size", "2"], 4),
+                                     (["--tensor-parallel-size", "8", "--tensor-parallel-size", "2"], 2)])
+def test_the_layout_decides_how_many_gpus_a_trial_leases(flags: list[str], n: int) -> None:
+    assert layout_gpus(flags) == n

@@ -1,0 +1,157 @@
+"""The scheduler on the labelled simulator (real processes, real HTTP, real SQLite): parallel trials on
+virtual GPUs, two `autotune run` processes sharing one study, and one of them killed mid-trial."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import yaml
+
+
+def _spec(tmp_path: Path, name: str = "sched", time_scale: int = 40) -> Path:
+    spec = {
+        "name": name, "model": "llama-3.1-8b",
+        "engine": {"kind": "sim", "gpu": "H100", "num_gpus": 1, "time_scale": time_scale,
+                   "extra_flags": ["--max-model-len", "4096"], "startup_timeout_s": 60},
+        "search_space": "default",
+        "workload": {"kind": "random", "input_len": 512, "output_len": 64},
+        "slo": "ttft:p99<=1s",
+        "load": {"mode": "capacity", "search": "concurrency", "max_steps": 3, "requests_per_step": 40, "warmup": 2},
+        "telemetry": {"source": "sim", "hz": 5},
+        "storage": f"sqlite:///{tmp_path}/{name}.db",
+    }
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def _q(db: Path, sql: str, *args) -> list[tuple]:
+    with sqlite3.connect(db) as conn:
+        return conn.execute(sql, args).fetchall()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_parallel_two_on_four_virtual_gpus_overlaps_and_records_leases(autotune_run, servers_in,
+                                                                         tmp_path: Path) -> None:
+    spec = _spec(tmp_path)
+    db = tmp_path / "sched.db"
+    run = autotune_run(["run", "--study", str(spec), "--n-trials", "4", "--gpus", "0-3", "--parallel", "2",
+                        "--no-progress"], tmp_path)
+    assert run.finish(300) == 0, "\n".join(run.lines)
+    assert not any("Traceback" in line for line in run.lines)
+    rows = _q(db, "select number, state, started_at, finished_at, lease, overlapped, measurement_flags, host "
+                  "from autotune_trials order by number")
+    assert len(rows) == 4 and all(r[1] in ("ok", "infeasible", "failed") for r in rows)
+    launched = [r for r in rows if r[4] is not None]        # a candidate a free check rejected never leases
+    assert len(launched) >= 2
+    leases = {r[0]: json.loads(r[4]) for r in launched}
+    overlapped = {r[0]: json.loads(r[5]) for r in launched}
+    for number, lease in leases.items():
+        assert lease["gpus"] == [] and len(lease["slots"]) == 1 and set(lease["slots"]) <= {0, 1, 2, 3}
+        assert lease["cores"] and lease["port"] >= 1024
+    # Trials that ran at the same time held disjoint slots, know about each other and carry the flag.
+    pairs = [(a, b) for a in overlapped for b in overlapped[a]]
+    assert pairs, "with --parallel 2 some trials must have run at the same time"
+    for a, b in pairs:
+        assert a in overlapped[b]
+        assert not set(leases[a]["slots"]) & set(leases[b]["slots"])
+        assert "overlapped" in json.loads(rows[a][6]) and b in leases
+    assert all(r[7] for r in rows)                          # the host is recorded
+    show = subprocess.run([sys.executable, "-m", "autotune", "show", "--storage", f"sqlite:///{db}"],
+                          capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert show.returncode == 0 and "overlapped trial(s)" in show.stdout and "slots" in show.stdout
+
+    # SIGTERM with two trials running: both are interrupted at once and re-queued, no server survives.
+    run = autotune_run(["run", "--study", str(spec), "--n-trials", "8", "--gpus", "0-3", "--parallel", "2",
+                        "--no-progress"], tmp_path)
+    run.wait_for(lambda ls: sum("capacity search by" in l for l in ls) >= 2, 180)
+    servers = [pid for (pid,) in _q(db, "select pid from autotune_processes")]
+    run.proc.send_signal(signal.SIGTERM)
+    assert run.finish(60) == 143
+    assert "stopped by SIGTERM" in run.lines[-1]
+    interrupted = _q(db, "select number, params from autotune_trials where state = 'interrupted'")
+    assert len(interrupted) >= 2
+    waiting = _q(db, "select count(*) from trials where state = 'WAITING'")[0][0]
+    assert waiting == len(interrupted)                     # each re-queued once
+    assert servers and not [p for p in servers if _alive(p)]
+    assert not servers_in(tmp_path, "sim-serve")
+
+
+def _two_runs(autotune_run, monkeypatch, tmp_path: Path, spec: Path, hosts: tuple[str, str] | None):
+    args = ["run", "--study", str(spec), "--n-trials", "8", "--no-progress"]
+    runs = []
+    for i in range(2):
+        if hosts:
+            monkeypatch.setenv("AUTOTUNE_HOST", hosts[i])
+        runs.append(autotune_run(args, tmp_path))
+        time.sleep(1.0)
+    return runs
+
+
+def _check_study(db: Path, lines: list[str]) -> list[tuple]:
+    assert not any("Traceback" in line or "Error:" in line for line in lines), "\n".join(lines)
+    states = [s for (s,) in _q(db, "select state from trials")]
+    complete = states.count("COMPLETE")
+    assert 8 <= complete <= 9, states        # one trial of overshoot at most (docs/SCHEDULER.md, "Budget")
+    rows = _q(db, "select number, state, params, role from autotune_trials order by number")
+    assert [r[3] for r in rows].count("baseline") == 1       # enqueued once across processes
+    ran = [r[2] for r in rows if r[1] != "interrupted"]
+    assert len(ran) == len(set(ran)), "a candidate ran twice"
+    return rows
+
+
+def test_two_processes_share_one_sqlite_study(autotune_run, servers_in, monkeypatch, tmp_path: Path) -> None:
+    spec = _spec(tmp_path, "shared")
+    db = tmp_path / "shared.db"
+    a, b = _two_runs(autotune_run, monkeypatch, tmp_path, spec, None)
+    assert a.finish(400) == 0, "\n".join(a.lines)
+    assert b.finish(400) == 0, "\n".join(b.lines)
+    _check_study(db, a.lines + b.lines)
+    assert _q(db, "select count(*) from trials where state = 'FAIL'")[0][0] == 0   # none failed while its owner lived
+    owners = {pid for (pid,) in _q(db, "select distinct pid from autotune_enqueued")}
+    assert owners                                           # the enqueues were claimed
+    both = [l for l in a.lines if l.startswith("[trial")], [l for l in b.lines if l.startswith("[trial")]
+    assert both[0] and both[1], "both processes ran trials"
+    assert not servers_in(tmp_path, "sim-serve")
+
+
+def test_sigkill_of_one_process_the_other_reruns_its_trial_once(autotune_run, servers_in, monkeypatch,
+                                                               tmp_path: Path) -> None:
+    # Two "hosts" (AUTOTUNE_HOST), so only the heartbeat (1 s, stale after 3 s) can tell that a is dead.
+    monkeypatch.setenv("AUTOTUNE_HEARTBEAT_S", "1")
+    spec = _spec(tmp_path, "killed")
+    db = tmp_path / "killed.db"
+    a, b = _two_runs(autotune_run, monkeypatch, tmp_path, spec, ("host-a", "host-b"))
+    a.wait_for(lambda ls: sum(l.startswith("[trial") and ": " in l and "ok" in l for l in ls) >= 1
+               and "capacity search" in ls[-1], 240)
+    victims = [pid for (pid,) in _q(db, "select pid from autotune_processes where owner_pid = ?", a.proc.pid)]
+    killed_trial = _q(db, "select number, params from autotune_trials where state = 'running' and host = 'host-a'")
+    a.proc.send_signal(signal.SIGKILL)
+    a.finish(30)
+    assert victims and len(killed_trial) == 1
+    deadline = time.monotonic() + 20
+    while [p for p in victims if _alive(p)] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [p for p in victims if _alive(p)], "the killed run's server outlived it"
+    assert b.finish(400) == 0, "\n".join(b.lines)
+    rows = _check_study(db, b.lines)
+    number, params = killed_trial[0]
+    assert [r[1] for r in rows if r[0] == number] == ["interrupted"]
+    reruns = [r for r in rows if r[2] == params and r[0] != number]
+    assert len(reruns) == 1 and reruns[0][1] != "interrupted"         # re-run once, by b
+    assert _q(db, "select count(*) from trials where state = 'FAIL'")[0][0] == 1
+    assert any("stopped beating" in l for l in b.lines)
+    assert not servers_in(tmp_path, "sim-serve")

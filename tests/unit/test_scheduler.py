@@ -1,0 +1,189 @@
+"""The scheduler's own rules, with stand-in drivers (no servers): priority, head-of-line reservation,
+exclusive studies, interrupts that reach every worker thread, and the drain of `serve`."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from typing import Any
+
+from autotune.daemon.pool import GpuPool, Lease
+from autotune.daemon.scheduler import Scheduler
+from autotune.tuner.driver import TrialJob
+from autotune.tuner.interrupts import interruptible
+from autotune.tuner.trial import TrialOutcome
+
+T0 = time.monotonic()
+
+
+class FakeDriver:
+    """The parts of StudyDriver the scheduler calls; each job holds its lease for `durations[i]`."""
+
+    def __init__(self, name: str, n_gpus: int, durations: list[float], arrive_s: float = 0.0,
+                 exclusive: bool = False, log: list | None = None) -> None:
+        self.name, self.n_gpus, self.durations, self.arrive_s = name, n_gpus, list(durations), arrive_s
+        self.exclusive = exclusive
+        self.log = log if log is not None else []
+        self.deadline = None
+        self.n_trials = len(durations)
+        self.cancelled = False
+        self.stop_reason: str | None = None
+        self.tag_phases = False
+        self._opened = True
+        self.asked = 0
+        self.running = 0
+        self.interrupted: list[tuple[int, str]] = []
+        self.finished: list[int] = []
+        self.closed = False
+        self._lock = threading.Lock()
+
+    def wants_trial(self) -> bool:
+        return (not self.cancelled and self.asked < len(self.durations)
+                and time.monotonic() - T0 >= self.arrive_s)
+
+    def next_job(self) -> TrialJob:
+        self.asked += 1
+        return TrialJob(self.name, self.asked - 1, self.asked, "search", {}, [], self.n_gpus, self.exclusive)
+
+    def run_job(self, job: TrialJob, lease: Lease, phase: Any) -> TrialOutcome:
+        with self._lock:
+            self.running += 1
+        self.log.append(("start", self.name, job.number, time.monotonic() - T0, lease.slots))
+        try:
+            with interruptible():
+                end = time.monotonic() + self.durations[job.number]
+                while time.monotonic() < end:
+                    time.sleep(0.01)
+        finally:
+            with self._lock:
+                self.running -= 1
+            self.log.append(("end", self.name, job.number, time.monotonic() - T0, lease.slots))
+        return TrialOutcome("ok")
+
+    def finish(self, job: TrialJob, lease: Lease | None, outcome: TrialOutcome) -> None:
+        self.finished.append(job.number)
+
+    def interrupt(self, job: TrialJob, reason: str) -> None:
+        self.interrupted.append((job.number, reason))
+
+    def done(self) -> bool:
+        return (self.cancelled or self.stop_reason is not None or len(self.finished) + len(self.interrupted)
+                >= len(self.durations)) and self.running == 0
+
+    def recover(self) -> None:
+        pass
+
+    def still_ours(self, job: TrialJob) -> bool:
+        return True
+
+    def phase_for(self, job: TrialJob) -> Any:
+        return lambda text: None
+
+    def close(self) -> str:
+        self.closed = True
+        return "closed"
+
+
+def _never_overlapping(log: list) -> None:
+    held: dict[int, str] = {}
+    for kind, name, number, _, slots in sorted(log, key=lambda e: (e[3], e[0] == "start")):
+        for s in slots:
+            if kind == "start":
+                assert s not in held, f"slot {s} leased twice"
+                held[s] = name
+            else:
+                held.pop(s, None)
+
+
+def test_a_large_layout_is_not_starved_by_small_ones() -> None:
+    global T0
+    T0 = time.monotonic()
+    log: list = []
+    small = FakeDriver("small", 1, [0.15, 0.25, 0.35, 0.45] + [0.1] * 8, log=log)
+    big = FakeDriver("big", 4, [0.1], arrive_s=0.05, log=log)
+    sched = Scheduler(GpuPool([0, 1, 2, 3], physical=True, cores=range(4), host="h"), poll_s=0.01)
+    sched.add(small, priority=0)
+    sched.add(big, priority=0)
+    assert sched.run_until_done() is None
+    starts = {(e[1], e[2]): e[3] for e in log if e[0] == "start"}
+    big_start = starts[("big", 0)]
+    # Once the big candidate waits, no small one jumps the line; only the one small candidate that was
+    # already waiting when it arrived goes first. It starts as soon as all 4 are free (the last small
+    # trial of the first wave ends at 0.45 s), not after the remaining eight small ones.
+    first_wave_end = max(e[3] for e in log if e[0] == "end" and e[1] == "small" and e[2] < 4)
+    jumped = [k for k, t in starts.items() if k[0] == "small" and 0.06 < t < big_start]
+    assert jumped in ([], [("small", 4)])
+    assert all(starts[("small", i)] > big_start for i in range(5, 12))
+    assert big_start - first_wave_end < 0.2
+    assert len(small.finished) == 12 and big.finished == [0] and small.closed and big.closed
+    _never_overlapping(log)
+
+
+def test_higher_priority_first_and_exclusive_runs_alone() -> None:
+    global T0
+    T0 = time.monotonic()
+    log: list = []
+    low = FakeDriver("low", 1, [0.05] * 4, log=log)
+    high = FakeDriver("high", 1, [0.05] * 4, log=log)
+    alone = FakeDriver("alone", 1, [0.05, 0.05], exclusive=True, log=log)
+    sched = Scheduler(GpuPool([0, 1], physical=False, cores=[0, 1], host="h"), poll_s=0.01)
+    sched.add(low, priority=0)
+    sched.add(alone, priority=5)
+    sched.add(high, priority=1)
+    sched.run_until_done()
+    order = [e[1] for e in sorted(log, key=lambda e: e[3]) if e[0] == "start"]
+    assert order[:2] == ["alone", "alone"] and order.index("low") > order.index("high")
+    ex = [(e[3], e[0]) for e in log if e[1] == "alone"]
+    spans = [(s, t) for (s, a), (t, b) in zip(sorted(ex)[::2], sorted(ex)[1::2])]
+    for e in log:
+        if e[1] != "alone" and e[0] == "start":
+            assert not any(s < e[3] < t for s, t in spans), "something ran beside an exclusive trial"
+    _never_overlapping(log)
+
+
+def test_sigterm_interrupts_every_running_trial_at_once() -> None:
+    global T0
+    T0 = time.monotonic()
+    d = FakeDriver("s", 1, [30.0, 30.0, 30.0])
+    sched = Scheduler(GpuPool([0, 1, 2], physical=False, cores=[0], host="h"), parallel=3, poll_s=0.01)
+    sched.add(d)
+    threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGTERM)).start()
+    t = time.monotonic()
+    assert sched.run_until_done() == "SIGTERM"
+    assert time.monotonic() - t < 3.0
+    assert sorted(d.interrupted) == [(0, "SIGTERM"), (1, "SIGTERM"), (2, "SIGTERM")] and d.running == 0
+    assert sched.pool.free() == (0, 1, 2)
+
+
+def test_cancel_now_interrupts_one_study_only() -> None:
+    global T0
+    T0 = time.monotonic()
+    a, b = FakeDriver("a", 1, [30.0]), FakeDriver("b", 1, [0.3])
+    sched = Scheduler(GpuPool([0, 1], physical=False, cores=[0], host="h"), poll_s=0.01)
+    sched.add(a)
+    sched.add(b)
+    threading.Timer(0.1, sched.cancel, ("a",), {"now": True}).start()
+    assert sched.run_until_done() is None
+    assert a.interrupted == [(0, "cancel")] and b.finished == [0]
+
+
+def test_serve_drains_within_grace_then_interrupts() -> None:
+    global T0
+    T0 = time.monotonic()
+    quick, slow = FakeDriver("quick", 1, [0.2]), FakeDriver("slow", 1, [30.0])
+    sched = Scheduler(GpuPool([0, 1], physical=False, cores=[0], host="h"), poll_s=0.01)
+    sched.add(quick)
+    sched.add(slow)
+    stop = threading.Event()
+    threading.Timer(0.1, stop.set).start()
+    t = time.monotonic()
+    sched.serve(stop, grace_s=0.5)
+    assert time.monotonic() - t < 3.0
+    assert quick.finished == [0] and slow.interrupted == [(0, "drain")]
+    assert snapshot_ok(sched.snapshot())
+
+
+def snapshot_ok(snap: dict) -> bool:
+    return snap["running"] == [] and snap["pool"]["free"] == [0, 1] and snap["host"] == "h"

@@ -82,6 +82,17 @@ def parse_cpulist(text: str) -> list[int]:
     return out
 
 
+def format_cpulist(values: Sequence[int]) -> str:
+    """Core numbers -> the kernel's cpulist format: [0, 1, 2, 5] -> "0-2,5"."""
+    runs: list[list[int]] = []
+    for v in sorted(set(values)):
+        if runs and runs[-1][1] == v - 1:
+            runs[-1][1] = v
+        else:
+            runs.append([v, v])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
 def numa_cores(bus_ids: Mapping[int, str], sys_root: Path = Path("/sys")) -> dict[int, list[int]]:
     """GPU index -> the cores of the NUMA node its PCI device sits on, for the GPUs /sys knows about.
 

@@ -10,6 +10,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from autotune.daemon.pool import format_cpulist
 from autotune.store.models import StudyRecord, TrialRecord
 from autotune.store.queries import best_trial, is_feasible, pareto_front
 from autotune.store.repository import ResultStore
@@ -47,26 +48,13 @@ def _telemetry_line(study: StudyRecord, t: TrialRecord) -> str:
     return format_summary(t.telemetry, margin=margin)
 
 
-def _span(values: list[int]) -> str:
-    """[0, 1, 2, 5] -> "0-2,5"."""
-    out: list[str] = []
-    for v in sorted(values):
-        if out and "-" not in out[-1].split(",")[-1] and int(out[-1]) == v - 1:
-            out[-1] = f"{out[-1]}-{v}"
-        elif out and "-" in out[-1] and int(out[-1].split("-")[1]) == v - 1:
-            out[-1] = f"{out[-1].split('-')[0]}-{v}"
-        else:
-            out.append(str(v))
-    return ",".join(out)
-
-
 def placement_line(t: TrialRecord) -> str:
     """Where a trial ran and beside which trials: concurrent trials disturb each other's numbers."""
     if not t.lease:
         return ""
     lease = t.lease
-    where = f"GPUs {_span(lease['gpus'])}" if lease.get("gpus") else f"slots {_span(lease.get('slots') or [])}"
-    text = f"ran on {t.host or lease.get('host')}, {where}, cores {_span(lease.get('cores') or [])}"
+    where = f"GPUs {format_cpulist(lease['gpus'])}" if lease.get("gpus") else f"slots {format_cpulist(lease.get('slots') or [])}"
+    text = f"ran on {t.host or lease.get('host')}, {where}, cores {format_cpulist(lease.get('cores') or [])}"
     if t.overlapped:
         text += f"; overlapped trial(s) {', '.join(map(str, t.overlapped))} (measurement flag overlapped)"
     return text

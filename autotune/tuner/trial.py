@@ -30,7 +30,7 @@ from autotune.telemetry import objectives as telemetry_objectives
 from autotune.telemetry.base import TelemetrySource, TelemetrySummary, TelemetryTarget
 from autotune.tuner.interrupts import current_gate, interruptible
 from autotune.daemon.heartbeat import process_create_time
-from autotune.daemon.pool import host_name
+from autotune.daemon.pool import format_cpulist, host_name
 
 if TYPE_CHECKING:
     from autotune.daemon.pool import Lease
@@ -101,8 +101,9 @@ class TrialRunner:
             # vLLM's internal ports (torch.distributed, data-parallel RPC) start at VLLM_PORT: inside the block
             env.setdefault("VLLM_PORT", str(lease.port_base + 1))
             env.setdefault("VLLM_DP_MASTER_PORT", str(lease.port_base + 4))
-            if self.spec.engine.kind == "vllm" and not gpus and cores:
-                env.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(map(str, cores)))
+            if self.spec.engine.kind == "vllm" and not gpus and cores and set(cores) < _affinity():
+                # the CPU build binds its OpenMP threads itself: to this lease's share, when it is one
+                env.setdefault("VLLM_CPU_OMP_THREADS_BIND", format_cpulist(cores))
         phase(f"starting {self.engine.name} on port {port}")
         request = LaunchRequest(model=self.spec.model, flags=all_flags, port=port, log_path=log_path,
                                 gpus=gpus, env=env, startup_timeout_s=self.spec.engine.startup_timeout_s,
@@ -223,6 +224,10 @@ class TrialRunner:
         out.update(telemetry_objectives(summary, output_tokens=steps_tokens, duration_s=elapsed,
                                         num_gpus=num_gpus, output_tps=out.get("capacity_tps", out.get("output_tps", 0.0))))
         return out
+
+
+def _affinity() -> set[int]:
+    return set(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else set()
 
 
 def _pin_thread(cores: Sequence[int]) -> tuple[int, ...]:

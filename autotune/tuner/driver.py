@@ -261,9 +261,11 @@ class StudyDriver:
         for p in self.store.processes(self.spec.name):
             if (p.host or self.host) != self.host:
                 continue                    # only a process on that host may stop it
-            if p.owner_pid == os.getpid() and p.owner_create_time is None and not self._running:
-                leftovers.append(p)         # an old record whose owner's PID we now carry
-            elif not owner_alive_here(p.owner_pid, p.owner_create_time) and p.owner_pid != os.getpid():
+            if p.owner_create_time is not None:     # PID and create time: certain on its own host
+                dead = not owner_alive_here(p.owner_pid, p.owner_create_time)
+            else:                                   # a record from before owner create times were kept
+                dead = (p.owner_pid == os.getpid() and not self._running) or not owner_alive_here(p.owner_pid, None)
+            if dead:
                 leftovers.append(p)
         if leftovers:
             stopped = kill_leftovers([(p.pid, p.pgid, p.create_time) for p in leftovers])

@@ -113,3 +113,36 @@ def test_each_process_seeds_its_sampler_differently() -> None:
                                      (["--tensor-parallel-size", "8", "--tensor-parallel-size", "2"], 2)])
 def test_the_layout_decides_how_many_gpus_a_trial_leases(flags: list[str], n: int) -> None:
     assert layout_gpus(flags) == n
+
+
+def test_leftover_servers_are_stopped_only_on_their_host_and_only_when_their_owner_is_dead(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    import psutil
+
+    from autotune.engine.process import spawn, stop_group
+
+    driver = _open(_driver(tmp_path, "here"))
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead_created = psutil.Process(dead.pid).create_time()
+    dead.wait()
+    servers = {name: spawn([sys.executable, "-c", "import time; time.sleep(60)"], tmp_path / f"{name}.log")
+               for name in ("mine-dead-owner", "other-host", "live-owner")}
+    owners = {"mine-dead-owner": ("here", dead.pid, dead_created), "other-host": ("there", dead.pid, dead_created),
+              "live-owner": ("here", psutil.Process().pid, psutil.Process().create_time())}
+    try:
+        for name, popen in servers.items():
+            host, owner, owner_created = owners[name]
+            driver.store.register_process(study_name="shared", pid=popen.pid, pgid=popen.pid,
+                                          create_time=psutil.Process(popen.pid).create_time(), owner_pid=owner,
+                                          port=1, host=host, owner_create_time=owner_created)
+        driver.recover()
+        servers["mine-dead-owner"].wait(timeout=15)
+        assert servers["other-host"].poll() is None and servers["live-owner"].poll() is None
+        left = {p.host for p in driver.store.processes("shared")}
+        assert left == {"there", "here"} and len(list(driver.store.processes("shared"))) == 2
+    finally:
+        for popen in servers.values():
+            stop_group(popen.pid, popen.pid, grace_s=2, popen=popen)
+        driver.heartbeats.stop()

@@ -1,0 +1,121 @@
+"""The daemon on one host, on SQLite and the labelled simulator: priorities, the time budget, cancel
+--now through the API, and Ctrl-C draining mid-trial (real processes, real HTTP)."""
+
+from __future__ import annotations
+
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+import yaml
+
+from autotune.daemon.queue import StudyQueue
+from autotune.engine.process import find_free_port
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _spec(tmp_path: Path, name: str, **budget: object) -> Path:
+    spec = yaml.safe_load((REPO / "benchmarks" / "scale" / "scenario.yaml").read_text())
+    spec["name"] = name
+    spec["engine"]["time_scale"] = 25
+    if budget:
+        spec["budget"] = budget
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "autotune", *args], capture_output=True, text=True, timeout=120,
+                          cwd=REPO)
+
+
+def _wait(pred, timeout: float, what: str, run=None) -> None:
+    end = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < end, what + ("\n" + "\n".join(run.lines[-30:]) if run else "")
+        time.sleep(0.5)
+
+
+@pytest.fixture()
+def env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    monkeypatch.setenv("AUTOTUNE_HEARTBEAT_S", "1")
+
+
+def test_priority_time_budget_and_cancel_now(env: None, autotune_run, tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'q.db'}"
+    assert _cli("submit", str(_spec(tmp_path, "low")), "--n-trials", "50", "--storage", url).returncode == 0
+    assert _cli("submit", str(_spec(tmp_path, "high", timeout="8s")), "--n-trials", "50", "--priority", "5",
+                "--storage", url).returncode == 0
+    port = find_free_port()
+    d = autotune_run(["daemon", "--gpus", "0", "--storage", url, "--poll", "0.5",
+                      "--listen", f"127.0.0.1:{port}"], tmp_path)
+    queue = StudyQueue(url, create=False)
+    # high first, until its 8 s are spent; then it leaves the queue and low gets the GPU
+    _wait(lambda: queue.entry("high").state == "done", 120, "high never left the queue", d)
+    high = queue.entry("high")
+    # it stops when the time left is spent or shorter than its median trial (the deadline rule)
+    assert high.reason.startswith("time budget spent") and 2 < high.seconds_used < 8 + 5
+    with sqlite3.connect(tmp_path / "q.db") as conn:
+        order = [s for (s,) in conn.execute("select s.name from autotune_trials t join autotune_studies s "
+                                            "on s.id = t.study_id order by t.started_at")]
+    assert order[0] == "high" and order[: order.index("low")] == ["high"] * order.index("low")
+    status_url = f"http://127.0.0.1:{port}/status"
+
+    def low_in_load() -> bool:
+        gpu = httpx.get(status_url).json()["gpus"][0]
+        return gpu["study"] == "low" and "capacity search:" in (gpu["phase"] or "")
+    _wait(low_in_load, 120, "low never reached its load", d)
+    servers = [p for p in psutil.Process(d.proc.pid).children(recursive=True) if "sim-serve" in " ".join(p.cmdline())]
+
+    r = _cli("cancel", "low", "--now", "--url", f"http://127.0.0.1:{port}")
+    assert r.returncode == 0 and "interrupted" in r.stdout, r.stderr
+    assert servers and psutil.wait_procs(servers, timeout=30)[1] == []
+    db = tmp_path / "q.db"
+    _wait(lambda: _low_states(db)[0].count("interrupted") == 1, 60, "low's trial was not interrupted", d)
+    assert queue.entry("low").state == "cancelled"
+    time.sleep(2)
+    assert d.proc.poll() is None                         # an empty queue: idle, not exited
+    d.proc.send_signal(signal.SIGTERM)
+    assert d.finish(60) == 0
+    assert not any("Traceback" in line for line in d.lines)
+    evidence, optuna_states = _low_states(db)
+    # its parameters stay queued (WAITING) for a resubmit; nothing is left RUNNING
+    assert "RUNNING" not in optuna_states and optuna_states.count("WAITING") >= evidence.count("interrupted")
+
+
+def _low_states(db: Path) -> tuple[list[str], list[str]]:
+    with sqlite3.connect(db) as conn:
+        evidence = [s for (s,) in conn.execute("select t.state from autotune_trials t join autotune_studies s "
+                                               "on s.id = t.study_id where s.name = 'low'")]
+        optuna_states = [s for (s,) in conn.execute("select t.state from trials t join studies s "
+                                                    "on s.study_id = t.study_id where s.study_name = 'low'")]
+    return evidence, optuna_states
+
+
+def test_ctrl_c_mid_trial_drains_and_requeues(env: None, autotune_run, servers_in, tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'q.db'}"
+    assert _cli("submit", str(_spec(tmp_path, "s")), "--n-trials", "20", "--storage", url).returncode == 0
+    d = autotune_run(["daemon", "--gpus", "0-1", "--storage", url, "--poll", "0.5", "--grace", "0",
+                      "--listen", f"127.0.0.1:{find_free_port()}"], tmp_path)
+    d.wait_for(lambda ls: sum("capacity search:" in line for line in ls) >= 1, 120)
+    d.proc.send_signal(signal.SIGINT)
+    assert d.finish(60) == 0, "\n".join(d.lines[-20:])
+    assert any("SIGINT: draining" in line for line in d.lines), "\n".join(d.lines[-30:])
+    assert any(line.endswith("drained; exiting") for line in d.lines[-5:])
+    assert not any("Traceback" in line for line in d.lines), "\n".join(d.lines)
+    with sqlite3.connect(tmp_path / "q.db") as conn:
+        interrupted = conn.execute("select count(*) from autotune_trials where state = 'interrupted'").fetchone()[0]
+        requeued = conn.execute("select count(*) from trial_user_attributes where key = 'requeued_from'").fetchone()[0]
+        running = conn.execute("select count(*) from trials where state = 'RUNNING'").fetchone()[0]
+    assert interrupted >= 1 and requeued == interrupted and running == 0
+    assert not servers_in(tmp_path, "sim-serve")
+    assert StudyQueue(url, create=False).entry("s").state == "queued"    # the next daemon continues it

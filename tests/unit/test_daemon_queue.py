@@ -95,3 +95,21 @@ def test_resolve_makes_a_local_model_absolute(tmp_path: Path) -> None:
     r = resolve_spec_file(str(tmp_path / "s.yaml"))
     assert r.spec["model"] == str((tmp_path / "m").resolve())
     assert r.n_trials == 30 and r.time_budget_s is None
+
+
+def test_submit_to_checks_what_a_client_posts(tmp_path: Path) -> None:
+    """POST /submit reaches the same function as `submit --storage`: a body that is not a valid
+    resolved spec is a one-line error, and nothing is queued."""
+    from autotune.daemon.command import submit_to
+
+    url = f"sqlite:///{tmp_path / 'q.db'}"
+    with pytest.raises(UserError, match="needs name and spec"):
+        submit_to(url, {"name": "x"})
+    with pytest.raises(UserError, match="SLO term .nonsense. is malformed"):
+        submit_to(url, {"name": "x", "spec": {"name": "x", "model": "m", "slo": "nonsense"}, "n_trials": 2})
+    r = resolve_spec_file(str(REPO / "studies" / "sim-h100-9b.yaml"), n_trials=2)
+    with pytest.raises(UserError, match="must be numbers"):
+        submit_to(url, {"name": r.name, "spec": r.spec, "n_trials": "many"})
+    assert StudyQueue(url).entries() == []
+    assert submit_to(url, {"name": r.name, "spec": r.spec, "n_trials": 2, "priority": 3}) == \
+        {"queued": r.name, "priority": 3, "n_trials": 2}

@@ -1,0 +1,134 @@
+"""Trial throughput of the daemon as the pool grows, and of two daemons sharing one PostgreSQL study.
+
+SIMULATED: every trial launches the labelled twin (`autotune sim-serve`) for benchmarks/scale/scenario.yaml
+on a virtual GPU slot. What is measured is the scheduler's throughput (finished trials per hour), not the
+candidates' numbers. Both the twin and the load client are CPU-bound Python processes, so the scaling
+seen is bounded by the host's free cores: measure where there are cores for it (16-32 on the GPU hosts).
+
+    python benchmarks/scale/scale.py --slots 1 2 4 8 --two-daemons 4 --out benchmarks/scale/results-HOST.json
+
+Each configuration gets a fresh database on one throwaway PostgreSQL server (autotune/store/pgserver.py),
+`autotune submit` of the scenario with TRIALS_PER_SLOT x slots trials, and one or two `autotune daemon`
+processes (two "hosts" by AUTOTUNE_HOST, disjoint slots); it ends when the study leaves the queue, then
+the daemons are stopped with SIGTERM. Throughput = finished trials / (last finish - first start).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+from sqlalchemy import create_engine, text  # noqa: E402
+
+from autotune.daemon.queue import StudyQueue  # noqa: E402
+from autotune.engine.process import find_free_port  # noqa: E402
+from autotune.store.pgserver import ThrowawayPostgres  # noqa: E402
+from autotune.tuner.host import cpu_model  # noqa: E402
+
+SCENARIO = Path(__file__).with_name("scenario.yaml")
+FINISHED = ("ok", "infeasible", "failed")
+
+
+def run_config(pg: ThrowawayPostgres, label: str, pools: list[list[int]], n_trials: int, workdir: Path,
+               timeout_s: float) -> dict[str, Any]:
+    url = pg.create_database(label.replace("-", "_"))
+    env = {**os.environ, "PYTHONPATH": str(REPO), "AUTOTUNE_HEARTBEAT_S": "2", "PYTHONUNBUFFERED": "1"}
+    subprocess.run([sys.executable, "-m", "autotune", "submit", str(SCENARIO), "--n-trials", str(n_trials),
+                    "--storage", url], check=True, capture_output=True, env=env, cwd=REPO)
+    procs = []
+    for i, pool in enumerate(pools):
+        log = open(workdir / f"{label}-daemon{i}.log", "w")
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "autotune", "daemon", "--gpus", ",".join(map(str, pool)), "--storage", url,
+             "--poll", "0.5", "--listen", f"127.0.0.1:{find_free_port()}", "--log-dir", str(workdir / "logs")],
+            stdout=log, stderr=subprocess.STDOUT, env={**env, "AUTOTUNE_HOST": f"bench-{i}"}, cwd=REPO,
+            start_new_session=True))
+    queue = StudyQueue(url, create=False)
+    load_before = os.getloadavg()
+    end = time.monotonic() + timeout_s
+    try:
+        while queue.entry("scale").state != "done":
+            if time.monotonic() > end or any(p.poll() is not None for p in procs):
+                raise RuntimeError(f"{label}: the study did not finish (see {workdir}/{label}-daemon*.log)")
+            time.sleep(1)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        codes = [p.wait(timeout=120) for p in procs]
+    eng = create_engine(url)
+    with eng.connect() as conn:
+        rows = conn.execute(text("select state, host, started_at, finished_at from autotune_trials")).all()
+    eng.dispose()
+    done = [r for r in rows if r.state in FINISHED and r.finished_at is not None]
+    first, last = min(r.started_at for r in done), max(r.finished_at for r in done)
+    window = (last - first).total_seconds()
+    walls = [(r.finished_at - r.started_at).total_seconds() for r in done]
+    return {"label": label, "daemons": len(pools), "slots": sum(len(p) for p in pools), "n_trials": n_trials,
+            "finished": len(done), "interrupted": sum(r.state == "interrupted" for r in rows),
+            "by_host": {h: sum(r.host == h for r in done) for h in sorted({r.host for r in done})},
+            "window_s": round(window, 1), "trials_per_hour": round(len(done) / window * 3600, 1),
+            # from the ask to the tell: a trial asked ahead waits for its slot inside this figure
+            "median_ask_to_finish_s": round(statistics.median(walls), 2),
+            "loadavg_before": [round(x, 2) for x in load_before],
+            "loadavg_after": [round(x, 2) for x in os.getloadavg()], "exit_codes": codes}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--slots", type=int, nargs="+", default=[1, 2, 4, 8], help="virtual GPU slots, one daemon")
+    p.add_argument("--two-daemons", type=int, default=0, metavar="K",
+                   help="also: one daemon with K slots against two daemons with K slots each, one study")
+    p.add_argument("--trials-per-slot", type=int, default=4)
+    p.add_argument("--timeout", type=float, default=1800, help="seconds per configuration")
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--workdir", type=Path, default=Path("/tmp/autotune-scale"))
+    args = p.parse_args()
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    configs: list[tuple[str, list[list[int]]]] = [(f"one-daemon-{n}-slots", [list(range(n))]) for n in args.slots]
+    if args.two_daemons:
+        k = args.two_daemons
+        if k not in args.slots:
+            configs.append((f"one-daemon-{k}-slots", [list(range(k))]))
+        configs.append((f"two-daemons-{k}-slots-each", [list(range(k)), list(range(k, 2 * k))]))
+    results = []
+    with ThrowawayPostgres() as pg:
+        for label, pools in configs:
+            slots = sum(len(x) for x in pools)
+            r = run_config(pg, label, pools, args.trials_per_slot * slots, args.workdir, args.timeout)
+            print(json.dumps(r), flush=True)
+            results.append(r)
+    base = next((r for r in results if r["slots"] == 1 and r["daemons"] == 1), None)
+    for r in results:
+        if base is not None:
+            r["speedup_vs_one_slot"] = round(r["trials_per_hour"] / base["trials_per_hour"], 2)
+    if args.two_daemons:
+        one = next(r for r in results if r["label"] == f"one-daemon-{args.two_daemons}-slots")
+        two = next(r for r in results if r["daemons"] == 2)
+        two["speedup_vs_one_daemon"] = round(two["trials_per_hour"] / one["trials_per_hour"], 2)
+    body = {"simulated": True, "scenario": SCENARIO.read_text(), "command": " ".join(sys.argv),
+            "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "machine": {"cpu": cpu_model(), "cpu_count": os.cpu_count(), "usable_cores": len(os.sched_getaffinity(0)),
+                        "platform": platform.platform()},
+            "trials_per_slot": args.trials_per_slot, "results": results}
+    tmp = args.out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(body, indent=2) + "\n")
+    tmp.replace(args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -90,6 +90,9 @@ class Daemon:
         try:
             while not self.stop.is_set():
                 self._poll()
+                if not worker.is_alive():   # a bug in the scheduler: say so, do not idle forever
+                    self.say("the scheduler stopped unexpectedly; exiting")
+                    return 1
                 self.stop.wait(self.poll_s)
             self.say(f"{self.stop_reason}: draining (no new trials; running ones get {self.grace_s:g} s)")
             while worker.is_alive():
@@ -116,10 +119,14 @@ class Daemon:
     # -- the queue ------------------------------------------------------------------------------------
     def _poll(self, take_new: bool = True) -> None:
         try:
-            entries = {e.name: e for e in self.queue.entries((QUEUED, CANCELLED))}
+            self._poll_once(take_new)
         except Exception as e:  # the database is away for a moment: the next poll tries again
-            self.say(f"cannot read the queue: {e}")
-            return
+            self.say(f"cannot work the queue now ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})")
+
+    def _poll_once(self, take_new: bool) -> None:
+        entries = {e.name: e for e in self.queue.entries((QUEUED, CANCELLED))}
+        snap = self.scheduler.snapshot()
+        running_here = {r["study"] for r in snap["running"]}
         for name, e in entries.items():
             held = self.held.get(name)
             if e.state == QUEUED and take_new and held is None and self._may_take(e):
@@ -127,12 +134,17 @@ class Daemon:
             elif held is not None and not held.stopped and e.state == CANCELLED:
                 self._stop(held, now=e.cancel_now, why="cancelled")
         for name, held in list(self.held.items()):
-            self._account(held, entries.get(name))
-        self.busy.update(self._busy_slots())
+            self._account(held, entries.get(name), name in running_here)
+        self.busy.update({s for r in snap["running"] for s in r["slots"]})
 
     def _may_take(self, e: Entry) -> bool:
         refused = self.refused.get(e.name)
-        return refused is None or refused[0] != e.submitted_at
+        if refused is None:
+            return True
+        if refused[0] == e.submitted_at:
+            return False            # refused by this host until it is resubmitted
+        del self.refused[e.name]
+        return True
 
     def _take(self, e: Entry) -> None:
         from autotune.tuner.command import prepare_spec
@@ -145,6 +157,9 @@ class Daemon:
         except UserError as err:
             self.refused[e.name] = (e.submitted_at, str(err))
             self.say(f"refused {e.name}: {err}")
+            return
+        except Exception as err:    # e.g. the database away: tried again at the next poll
+            self.say(f"cannot open {e.name} now ({type(err).__name__}: {err})")
             return
         # trial logs in a folder per host: LOG_ROOT/HOST/STUDY/trial-NNNN.log
         driver.log_dir = driver.runner.log_dir = self.log_dir / e.name
@@ -159,10 +174,10 @@ class Daemon:
         self.scheduler.cancel(held.entry.name, now=now)
         self.say(f"{held.entry.name}: {why}; " + ("running trials interrupted" if now else "no new trials"))
 
-    def _account(self, held: Held, entry: Entry | None) -> None:
+    def _account(self, held: Held, entry: Entry | None, running_here: bool) -> None:
         """Count its time while a trial of it runs here; let it leave the queue when it is done."""
         name, driver = held.entry.name, held.driver
-        if driver.running_jobs():
+        if running_here:
             used = self.queue.tick(name, cap_s=max(3 * self.poll_s, 10.0))
             budget = held.entry.time_budget_s
             if budget is not None and not held.stopped:
@@ -180,9 +195,6 @@ class Daemon:
             if driver.budget_reached() and self.queue.finish(name, f"{driver.n_trials} trial(s) complete"):
                 self.say(f"{name}: done, {driver.n_trials} trial(s) complete")
             del self.held[name]
-
-    def _busy_slots(self) -> set[int]:
-        return {s for r in self.scheduler.snapshot()["running"] for s in r["slots"]}
 
     def gpus_now(self, snap: dict[str, Any]) -> list[dict[str, Any]]:
         """Each slot of the pool and what runs on it, with its phase."""

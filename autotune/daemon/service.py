@@ -55,9 +55,8 @@ class Daemon:
         self.stop_reason: str | None = None
         self.held: dict[str, Held] = {}
         self.refused: dict[str, tuple[dt.datetime, str]] = {}   # name -> (submitted_at, why)
-        self.busy = BusyClock(range(len(gpus)))
+        self.busy = BusyClock(gpus)
         self.started_at = dt.datetime.now(dt.timezone.utc)
-        self._lock = threading.Lock()
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "Daemon":
@@ -188,7 +187,8 @@ class Daemon:
                     self.queue.finish(name, f"time budget spent ({used:.0f} of {budget:.0f} s)")
         elif entry is not None and entry.state == QUEUED and entry.time_budget_s is not None \
                 and entry.budget_left_s() is not None and entry.budget_left_s() <= 0 and not held.stopped:
-            self._stop(held, now=False, why="time budget spent")
+            self._stop(held, now=False, why="time budget spent")        # spent by trials on other hosts
+            self.queue.finish(name, f"time budget spent ({entry.seconds_used:.0f} of {entry.time_budget_s:.0f} s)")
         if entry is None and not held.stopped:    # done or cancelled elsewhere
             self._stop(held, now=False, why="left the queue")
         if name not in self.scheduler.studies() and driver.done():   # the scheduler has closed it
@@ -200,7 +200,7 @@ class Daemon:
         """Each slot of the pool and what runs on it, with its phase."""
         on = {s: r for r in snap["running"] for s in r["slots"]}
         out = []
-        for i, slot in enumerate(snap["pool"]["slots"]):
+        for slot in snap["pool"]["slots"]:
             r = on.get(slot, {})
             out.append({"slot": slot, "gpu": slot if snap["pool"]["physical"] else None,
                         "study": r.get("study"), "trial": r.get("trial"), "role": r.get("role"),

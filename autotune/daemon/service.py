@@ -112,8 +112,15 @@ class Daemon:
             self.stop.set()
 
     def say(self, text: str) -> None:
-        stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
-        print(f"{stamp} {self.host} {mask_url(text)}", flush=True)
+        """One line on stdout and in LOG_ROOT/HOST/daemon.log (an overnight terminal may be gone)."""
+        line = f"{dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M:%S} {self.host} {mask_url(text)}"
+        print(line, flush=True)
+        try:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            with open(self.log_dir / "daemon.log", "a") as f:
+                f.write(line + "\n")
+        except OSError:
+            pass
 
     # -- the queue ------------------------------------------------------------------------------------
     def _poll(self, take_new: bool = True) -> None:

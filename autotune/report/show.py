@@ -14,6 +14,7 @@ from autotune.daemon.pool import format_cpulist
 from autotune.store.models import StudyRecord, TrialRecord
 from autotune.store.queries import best_trial, is_feasible, pareto_front
 from autotune.store.repository import ResultStore
+from autotune.store.urls import mask_url
 
 
 def _fmt(v: Any) -> str:
@@ -98,7 +99,7 @@ def show_command(args: argparse.Namespace) -> int:
     names = [o for o, _ in study.objectives]
     sim = " (SIMULATED engine)" if any(t.simulated for t in trials) else ""
     console.print(f"study [bold]{study.name}[/]{sim}: model {study.model}, SLO {study.slo}, "
-                  f"{len(trials)} trial(s), storage {args.storage}")
+                  f"{len(trials)} trial(s), storage {mask_url(args.storage)}")
     extra = [(label, key) for label, key, objective in (
         ("p99 TTFT ms", "p99_ttft_ms", "p99_ttft_ms"), ("p50 TPOT ms", "median_tpot_ms", "p50_tpot_ms"),
         ("out tok/s", "output_throughput", "output_tps")) if objective not in names

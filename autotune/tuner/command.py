@@ -20,6 +20,7 @@ from autotune.space import SearchSpace, flag_names, mapping_to_flags
 from autotune.spec import (StudySpec, build_spec, check_engine_command, check_model, load_spec_file,
                            parse_duration)
 from autotune.store.repository import ResultStore, storage_exists
+from autotune.store.urls import mask_url
 from autotune.telemetry import auto_source, get_source
 from autotune.telemetry.base import TelemetrySource
 from autotune.tuner.host import catalog_gpu_name, nvml_gpus
@@ -199,7 +200,7 @@ def run_command(args: argparse.Namespace) -> int:
     scheduler.run_until_done()
     result = driver.result()
     msg = (f"study {spec.name}: {result.complete} complete trial(s), {result.feasible} feasible; "
-           f"storage {spec.storage_url}")
+           f"storage {mask_url(spec.storage_url)}")
     if result.stopped_by:
         msg += f"; stopped by {result.stopped_by} (run the same command to resume)"
     print(msg)

@@ -164,6 +164,8 @@ def test_two_daemons_share_one_study_and_survive_a_sigkill(postgres_url: str, en
     assert time.monotonic() - killed_at < 400
     logs = list((tmp_path / "logs").rglob("trial-*.log"))
     assert logs and all(p.parent.parent.name in ("host-a", "host-b") for p in logs)
+    assert "drained; exiting" in (tmp_path / "logs" / "host-b" / "daemon.log").read_text()
+    logs += [tmp_path / "logs" / "host-a" / "daemon.log", tmp_path / "logs" / "host-b" / "daemon.log"]
 
     # the password: nowhere a person or a machine reads
     seen = [sub.stdout, sub.stderr, st.stdout, st_url.stdout, json.dumps(live), metrics, dump,

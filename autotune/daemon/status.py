@@ -104,6 +104,8 @@ def render(body: dict[str, Any]) -> str:
         if s["reason"]:
             extra += f"; {s['reason']}"
         lines.append(extra)
+        if s.get("refused_here"):
+            lines.append(f"  refused on this host: {s['refused_here']}")
     for g in body.get("gpus") or []:
         what = f"{g['study']} trial #{g['trial']}: {g.get('phase') or ''}" if g.get("study") else "idle"
         lines.append(f"gpu {g['slot']}: {what}")

@@ -119,3 +119,30 @@ def test_ctrl_c_mid_trial_drains_and_requeues(env: None, autotune_run, servers_i
     assert interrupted >= 1 and requeued == interrupted and running == 0
     assert not servers_in(tmp_path, "sim-serve")
     assert StudyQueue(url, create=False).entry("s").state == "queued"    # the next daemon continues it
+
+
+def test_a_study_this_host_may_not_join_is_refused_and_stays_queued(env: None, autotune_run, tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'q.db'}"
+    port = find_free_port()
+    d = autotune_run(["daemon", "--gpus", "0", "--storage", url, "--poll", "0.5",
+                      "--listen", f"127.0.0.1:{port}"], tmp_path)
+    d.wait_for(lambda ls: any("status on http" in line for line in ls), 60)
+    assert _cli("submit", str(_spec(tmp_path, "s")), "--n-trials", "1", "--url", f"http://127.0.0.1:{port}") \
+        .returncode == 0
+    queue = StudyQueue(url, create=False)
+    _wait(lambda: queue.entry("s").state == "done", 120, "the first submit did not finish", d)
+    # the same study again, now on another (simulated) GPU model: its trials would not compare
+    other = _spec(tmp_path, "s")
+    spec = yaml.safe_load(other.read_text())
+    spec["engine"]["gpu"] = "A100"
+    other.write_text(yaml.safe_dump(spec))
+    assert _cli("submit", str(other), "--n-trials", "3", "--storage", url).returncode == 0
+    _wait(lambda: any("refused s:" in line for line in d.lines), 60, "not refused", d)
+    line = next(line for line in d.lines if "refused s:" in line)
+    assert "GPU model (simulated A100) differs" in line
+    st = _cli("status", "--url", f"http://127.0.0.1:{port}")
+    assert "s (SIMULATED): queued" in st.stdout and "refused on this host:" in st.stdout, st.stdout + st.stderr
+    assert queue.entry("s").state == "queued" and d.proc.poll() is None     # left for hosts that may join
+    d.proc.send_signal(signal.SIGTERM)
+    assert d.finish(60) == 0
+    assert not any("Traceback" in line for line in d.lines)

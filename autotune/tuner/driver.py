@@ -134,6 +134,18 @@ def layout_gpus(flags: Sequence[str]) -> int:
     return num("tensor_parallel_size") * num("pipeline_parallel_size") * num("data_parallel_size")
 
 
+def _first_to_create(make: Callable[[], Any], attempts: int = 5) -> Any:
+    """Two processes opening a new database at once race to create its tables (Optuna's schema version
+    row, our tables): the loser's IntegrityError / "already exists" is retried once the winner is done."""
+    for attempt in range(attempts):
+        try:
+            return make()
+        except (IntegrityError, OperationalError):
+            if attempt == attempts - 1:
+                raise
+            time.sleep(0.3 * (attempt + 1))
+
+
 def gpu_model(hw: dict[str, Any]) -> str | None:
     """The accelerator a trial ran on, from its hardware stamp (the simulated one on the simulator)."""
     if hw.get("simulated_gpu"):
@@ -182,9 +194,9 @@ class StudyDriver:
     def open(self) -> None:
         """Create or load the study, check this host may join it, recover stale trials, enqueue the
         baseline and the spec's candidates (once across processes)."""
-        self.store = ResultStore(self.spec.storage_url)
-        storage = optuna.storages.RDBStorage(self.spec.storage_url, engine_kwargs=(
-            {"connect_args": {"timeout": 30}} if self.spec.storage_url.startswith("sqlite") else {}))
+        self.store = _first_to_create(lambda: ResultStore(self.spec.storage_url))
+        storage = _first_to_create(lambda: optuna.storages.RDBStorage(self.spec.storage_url, engine_kwargs=(
+            {"connect_args": {"timeout": 30}} if self.spec.storage_url.startswith("sqlite") else {})))
         self.study = optuna.create_study(study_name=self.spec.name, storage=storage, load_if_exists=True,
                                          directions=self.spec.directions())
         if list(self.study.directions) != [optuna.study.StudyDirection.MAXIMIZE if d == "maximize" else

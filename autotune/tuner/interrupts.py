@@ -11,6 +11,7 @@ server's stop, and at most one is ever sent.
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import signal
 import threading
@@ -27,6 +28,18 @@ class Interrupted(KeyboardInterrupt):
         super().__init__(reason)
         self.reason = reason
 
+
+class _ExpectedInterrupt(logging.Filter):
+    """An interrupt that lands inside an asyncio task (an HTTP request of the load) leaves that task
+    with an exception nobody retrieves, and asyncio logs it with a traceback when the task is collected.
+    The interrupt was expected and the trial is recorded as interrupted: that log line is noise."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not isinstance(exc, Interrupted)
+
+
+logging.getLogger("asyncio").addFilter(_ExpectedInterrupt())
 
 _classes: dict[str, type[Interrupted]] = {}
 

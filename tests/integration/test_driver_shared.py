@@ -146,3 +146,22 @@ def test_leftover_servers_are_stopped_only_on_their_host_and_only_when_their_own
         for popen in servers.values():
             stop_group(popen.pid, popen.pid, grace_s=2, popen=popen)
         driver.heartbeats.stop()
+
+
+def test_processes_creating_one_fresh_database_at_once_all_succeed(tmp_path: Path) -> None:
+    """Without the retry, about half of four processes lose the race on CREATE / Optuna's version row."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import sys, optuna\nfrom autotune.tuner.driver import _first_to_create\n"
+            "from autotune.store.repository import ResultStore\nurl = sys.argv[1]\n"
+            "_first_to_create(lambda: ResultStore(url))\n"
+            "_first_to_create(lambda: optuna.storages.RDBStorage(url, engine_kwargs={'connect_args': {'timeout': 30}}))\n"
+            "print('ok')\n")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    url = f"sqlite:///{tmp_path}/fresh.db"
+    procs = [subprocess.Popen([sys.executable, "-c", code, url], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=env) for _ in range(4)]
+    results = [p.communicate(timeout=120) for p in procs]
+    assert [out.strip() for out, _ in results] == ["ok"] * 4, [err[-300:] for _, err in results]

@@ -39,3 +39,53 @@ def test_deadline_interrupts_a_blocking_wait():
         with pytest.raises(Interrupted) as caught:
             time.sleep(5)
     assert caught.value.reason == "timeout"
+
+
+def test_a_worker_thread_is_interrupted_inside_an_asyncio_task_without_noise(capsys):
+    """The scheduler's way in: Interrupted raised inside a worker thread's event loop, in the middle of
+    a task nobody awaits, reaches the worker and asyncio logs no 'never retrieved' traceback."""
+    import gc
+    import threading
+
+    from autotune.tuner.interrupts import Gate, interruptible, set_gate
+
+    caught: list[str] = []
+
+    def worker(gate: Gate) -> None:
+        set_gate(gate)
+        try:
+            with interruptible():
+                async def spin() -> None:
+                    while True:
+                        sum(range(2000))
+                        await asyncio.sleep(0)
+
+                async def main() -> None:
+                    loop = asyncio.get_running_loop()
+                    tasks = [loop.create_task(spin()) for _ in range(4)]  # noqa: F841 - fire and forget
+                    await asyncio.sleep(30)
+                asyncio.run(main())
+        except Interrupted as e:
+            caught.append(e.reason)
+
+    gate = Gate()
+    thread = threading.Thread(target=worker, args=(gate,))
+    thread.start()
+    time.sleep(0.2)
+    t0 = time.monotonic()
+    gate.interrupt("SIGTERM")
+    thread.join(timeout=5)
+    gc.collect()
+    assert caught == ["SIGTERM"] and time.monotonic() - t0 < 2
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_asyncio_logs_nothing_for_an_expected_interrupt_but_still_logs_errors(caplog):
+    import logging
+
+    import autotune.tuner.interrupts  # noqa: F401 - installs the filter
+
+    log = logging.getLogger("asyncio")
+    log.error("Task exception was never retrieved", exc_info=(Interrupted, Interrupted("SIGTERM"), None))
+    log.error("Task exception was never retrieved", exc_info=(ValueError, ValueError("real"), None))
+    assert [r.exc_info[0] for r in caplog.records] == [ValueError]

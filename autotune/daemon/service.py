@@ -142,6 +142,10 @@ class Daemon:
         for name, held in list(self.held.items()):
             self._account(held, entries.get(name), name in running_here)
         self.busy.update({s for r in snap["running"] for s in r["slots"]})
+        # what runs here rides on this daemon's heartbeat, so `status --storage` shows every host's GPUs
+        self.heartbeats.process_info = {**self.heartbeats.process_info, "state": "draining" if self.stop.is_set()
+                                        else "running", "running": [{k: r[k] for k in ("study", "trial", "slots", "phase")}
+                                                                    for r in snap["running"]]}
 
     def _may_take(self, e: Entry) -> bool:
         refused = self.refused.get(e.name)

@@ -86,7 +86,10 @@ def render(body: dict[str, Any]) -> str:
         d = body["daemon"]
         lines.append(f"daemon {d['host']} pid {d['pid']}: {d['state']}, storage {d['storage']}")
     for d in body.get("daemons") or []:
-        lines.append(f"daemon {d['host']} pid {d['pid']}: heartbeat {d['heartbeat_age_s']:.0f} s ago")
+        lines.append(f"daemon {d['host']} pid {d['pid']}: heartbeat {d['heartbeat_age_s']:.0f} s ago"
+                     + (f", gpus {','.join(map(str, d['gpus']))}" if d.get("gpus") else ""))
+        for r in d.get("running") or []:
+            lines.append(f"  gpu {','.join(map(str, r['slots']))}: {r['study']} trial #{r['trial']}: {r['phase'] or ''}")
     for s in body["studies"]:
         label = " (SIMULATED)" if s["simulated"] else ""
         lines.append(f"{s['name']}{label}: {s['state']}, priority {s['priority']}, "

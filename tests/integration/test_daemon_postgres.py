@@ -27,7 +27,7 @@ from autotune.daemon.queue import DONE, StudyQueue
 from autotune.engine.process import find_free_port
 
 REPO = Path(__file__).resolve().parents[2]
-N_TRIALS = 8
+N_TRIALS = 12
 PASSWORD = "hunter2pw"
 
 
@@ -94,8 +94,17 @@ def test_two_daemons_share_one_study_and_survive_a_sigkill(postgres_url: str, en
                                       "--log-dir", str(tmp_path / "logs")], tmp_path)
     a, b = daemons["a"], daemons["b"]
 
+    # `status` on the database sees both hosts (their heartbeats carry what they run)
+    for run in (a, b):
+        run.wait_for(lambda ls: any("took shared" in line for line in ls), 120)
+    seen = json.loads(_cli("status", "--json", "--storage", postgres_url).stdout)["daemons"]
+    assert {d["host"] for d in seen} == {"host-a", "host-b"} and {d["role"] for d in seen} == {"daemon"}
+
     # A is mid-trial (in its load) and B has finished one: kill A outright
-    a.wait_for(lambda ls: any("capacity search: concurrency" in line for line in ls), 180)
+    def a_in_load() -> bool:
+        gpus = httpx.get(f"http://127.0.0.1:{ports['a']}/status").json()["gpus"]
+        return any("capacity search:" in (g["phase"] or "") for g in gpus)
+    a.wait_for(lambda ls: a_in_load(), 180)
     b.wait_for(lambda ls: any(re.match(r"\[trial \d+\] (ok|infeasible|failed)", line) for line in ls), 180)
     servers_a = _sim_servers(a.proc.pid)
     a.proc.send_signal(signal.SIGKILL)

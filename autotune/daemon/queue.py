@@ -172,20 +172,14 @@ class StudyQueue:
 
 
 def create_tables(url: str) -> None:
-    """Every table a daemon uses (the queue, autotune's, Optuna's), made once. Two daemons starting
-    together on a fresh PostgreSQL database race on CREATE TABLE (a UniqueViolation on pg_type for
-    the loser): the loser tries again and finds the tables made."""
+    """Every table a daemon uses (the queue, autotune's, Optuna's), made before anything else: two
+    daemons starting together on a fresh PostgreSQL database race on CREATE TABLE, and the loser tries
+    again and finds the tables made (the driver's own opening does the same)."""
     import optuna
 
     from autotune.store.repository import ResultStore
+    from autotune.tuner.driver import _first_to_create
 
-    for attempt in range(5):
-        try:
-            StudyQueue(url)
-            ResultStore(url).engine.dispose()
-            optuna.storages.RDBStorage(url).engine.dispose()
-            return
-        except (IntegrityError, ProgrammingError):
-            if attempt == 4:
-                raise
-            time.sleep(0.2 * (attempt + 1))
+    _first_to_create(lambda: StudyQueue(url)).engine.dispose()
+    _first_to_create(lambda: ResultStore(url)).engine.dispose()
+    _first_to_create(lambda: optuna.storages.RDBStorage(url)).engine.dispose()

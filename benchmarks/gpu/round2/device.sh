@@ -21,15 +21,22 @@ nvml_log() {   # per-GPU NVML readings, 1 Hz, for the whole call
   NVML_PID=$!
 }
 
-models() {
-  mkdir -p /tmp/models
-  setsid nohup bash -c "python3 $R/../make_model.py /tmp/models/llama8b && python3 $R/make_moe.py /tmp/models/mixtral && touch /tmp/models/.ready" \
+models() {   # the writer runs on in the background while the next calls copy the vLLM parts; it runs from
+  # a copy in /tmp because each call replaces the working tree (round 2 lost 240 s to a script that
+  # had vanished under the background writer)
+  mkdir -p /tmp/models /tmp/r2src && cp -r autotune $R/../make_model.py $R/make_moe.py /tmp/r2src/
+  PYTHONPATH=/tmp/r2src setsid nohup bash -c "python3 /tmp/r2src/make_model.py /tmp/models/llama8b && python3 /tmp/r2src/make_moe.py /tmp/models/mixtral && touch /tmp/models/.ready" \
     > /tmp/models/make.log 2>&1 < /dev/null &
+  echo $! > /tmp/models/writer.pid
   echo "model writer started (pid $!)"
 }
 
-wait_models() {
-  for _ in $(seq 120); do [ -f /tmp/models/.ready ] && break; sleep 2; done
+wait_models() {   # until both models are written; fails at once if the writer died without finishing
+  for _ in $(seq 150); do
+    [ -f /tmp/models/.ready ] && break
+    kill -0 "$(cat /tmp/models/writer.pid 2>/dev/null)" 2>/dev/null || break
+    sleep 2
+  done
   cat /tmp/models/make.log
   [ -f /tmp/models/.ready ] || { echo "models not ready"; exit 1; }
 }
@@ -64,7 +71,7 @@ ready() {
 
 bench() {   # bench PORT NAME CORES SEED: fixed concurrency 32, 256 measured requests after 32 warm-up
   taskset -c "$3" python3 -m autotune bench --url "http://127.0.0.1:$1" --model /tmp/models/llama8b \
-    --workload random:input_len=1024,output_len=128 --concurrency 32 --num-requests 256 --warmup 32 \
+    --workload random:input_len=1024,output_len=128 --concurrency 32 --num-requests 192 --warmup 32 \
     --seed "$4" --slo 'ttft:p99<=1s' --json "/tmp/corun/$2.json" > "/tmp/corun/$2.txt" 2>&1
 }
 
@@ -82,8 +89,6 @@ corun() {   # two identical one-GPU servers, each benched alone and then both at
   bench 8100 together-gpu0 0-15 13 & local P=$!
   bench 8101 together-gpu1 16-31 14
   wait $P
-  bench 8100 alone-gpu0-b 0-15 15
-  bench 8101 alone-gpu1-b 16-31 16
   kill -TERM -- -"$A" -"$B" 2>/dev/null; sleep 5; kill -KILL -- -"$A" -"$B" 2>/dev/null
   kill "$NVML_PID"
   for f in /tmp/corun/*.txt; do echo "== $f"; tail -25 "$f"; done | tee "$OUT/corun-$tag.txt"

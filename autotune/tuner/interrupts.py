@@ -10,13 +10,16 @@ server's stop, and at most one is ever sent.
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import logging
 import os
 import signal
 import threading
 import time
-from typing import Any
+from typing import Any, Coroutine, TypeVar
+
+T = TypeVar("T")
 
 
 class Interrupted(KeyboardInterrupt):
@@ -59,12 +62,22 @@ def _async_raise(thread_id: int, exc: type[BaseException] | None) -> int:
 
 
 class Gate:
-    """One per worker thread. `interrupt` may be called from any thread, any number of times."""
+    """One per worker thread. `interrupt` may be called from any thread, any number of times.
+
+    While the thread runs an event loop through `run_async`, an interrupt cancels the loop's main task
+    (every request and session then closes in order) and `run_async` raises Interrupted; if the thread
+    is still inside the armed block ESCALATE_S later (code on the way swallowed the cancellation), or
+    at once when no loop runs (waiting for the server's /health), Interrupted is raised in the thread."""
+
+    ESCALATE_S = 3.0
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._tid: int | None = None
-        self._sent = False
+        self._raised = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task[Any] | None = None
+        self._timer: threading.Timer | None = None
         self.reason: str | None = None
 
     def interrupt(self, reason: str) -> None:
@@ -74,14 +87,47 @@ class Gate:
             self._send()
 
     def _send(self) -> None:
-        if self._tid is not None and self.reason is not None and not self._sent:
-            self._sent = True
-            _async_raise(self._tid, _interrupted_class(self.reason))
+        if self._tid is None or self.reason is None or self._raised:
+            return
+        if self._loop is not None and self._task is not None:
+            if self._timer is None:
+                try:
+                    self._loop.call_soon_threadsafe(self._task.cancel)
+                except RuntimeError:            # the loop just closed: raise in the thread instead
+                    self._raise()
+                    return
+                self._timer = threading.Timer(self.ESCALATE_S, self._escalate)
+                self._timer.daemon = True
+                self._timer.start()
+            return
+        self._raise()
+
+    def _raise(self) -> None:
+        assert self._tid is not None and self.reason is not None
+        self._raised = True
+        _async_raise(self._tid, _interrupted_class(self.reason))
+
+    def _escalate(self) -> None:
+        with self._lock:
+            if self._tid is not None and not self._raised:
+                self._raise()
+                if self._loop is not None:      # a thread blocked in select() runs no bytecode: wake it
+                    try:
+                        self._loop.call_soon_threadsafe(lambda: None)
+                    except RuntimeError:
+                        pass
 
     def check(self) -> None:
         """Raise at once if an interrupt was asked for (call before starting anything costly)."""
         if self.reason is not None:
             raise Interrupted(self.reason)
+
+    def attach(self, loop: asyncio.AbstractEventLoop | None, task: asyncio.Task[Any] | None) -> None:
+        """`run_async` registers its loop and main task (None, None when it ends)."""
+        with self._lock:
+            self._loop, self._task = loop, task
+            if task is not None:
+                self._send()
 
     def __enter__(self) -> "Gate":
         with self._lock:
@@ -91,9 +137,36 @@ class Gate:
 
     def __exit__(self, *exc: Any) -> None:
         with self._lock:
-            if self._tid is not None and self._sent:
+            if self._tid is not None and self._raised:
                 _async_raise(self._tid, None)   # clear one sent but not yet delivered
+            if self._timer is not None:
+                self._timer.cancel()
             self._tid = None
+
+
+def run_async(coro: Coroutine[Any, Any, T]) -> T:
+    """`asyncio.run`, interruptible by this thread's gate: the interrupt cancels the main task, so the
+    load's requests and HTTP sessions close in order, and arrives here as Interrupted."""
+    gate = current_gate()
+    if gate is None:
+        return asyncio.run(coro)
+
+    async def main() -> T:
+        gate.attach(asyncio.get_running_loop(), asyncio.current_task())
+        try:
+            return await coro
+        finally:
+            gate.attach(None, None)
+
+    try:
+        result = asyncio.run(main())
+    except asyncio.CancelledError:
+        if gate.reason is not None:
+            raise Interrupted(gate.reason) from None
+        raise
+    if gate.reason is not None:
+        raise Interrupted(gate.reason)
+    return result
 
 
 _local = threading.local()

@@ -8,7 +8,6 @@ is stopped.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import time
 from dataclasses import asdict, dataclass, field
@@ -28,7 +27,7 @@ from autotune.spec import StudySpec
 from autotune.store.repository import ResultStore
 from autotune.telemetry import objectives as telemetry_objectives
 from autotune.telemetry.base import TelemetrySource, TelemetrySummary, TelemetryTarget
-from autotune.tuner.interrupts import current_gate, interruptible
+from autotune.tuner.interrupts import current_gate, interruptible, run_async
 from autotune.daemon.heartbeat import process_create_time
 from autotune.daemon.pool import format_cpulist, host_name
 
@@ -174,7 +173,7 @@ class TrialRunner:
         model = self.spec.model
         if load.mode == "fixed":
             phase(f"load: {'concurrency ' + str(load.concurrency) if load.concurrency else f'rate {load.rate}/s'}")
-            m = asyncio.run(run_load(url, model, self.workload, concurrency=load.concurrency, rate=load.rate,
+            m = run_async(run_load(url, model, self.workload, concurrency=load.concurrency, rate=load.rate,
                                      num_requests=load.num_requests, warmup=load.warmup, slo=self.slo,
                                      seed=self.spec.seed, endpoint=load.endpoint, tokenizer=self.tokenizer))
             return m, None
@@ -188,7 +187,7 @@ class TrialRunner:
                   f"{step.measurement.metrics.get('output_throughput', 0):.0f} tok/s, {met}")
 
         phase(f"capacity search by {load.search}")
-        cap: CapacityResult = asyncio.run(find_capacity(
+        cap: CapacityResult = run_async(find_capacity(
             url, model, self.workload, self.slo, search=load.search, max_steps=load.max_steps,
             requests_per_step=load.requests_per_step, warmup=load.warmup, seed=self.spec.seed,
             tokenizer=self.tokenizer, on_step=on_step))

@@ -42,12 +42,12 @@ def test_deadline_interrupts_a_blocking_wait():
 
 
 def test_a_worker_thread_is_interrupted_inside_an_asyncio_task_without_noise(capsys):
-    """The scheduler's way in: Interrupted raised inside a worker thread's event loop, in the middle of
-    a task nobody awaits, reaches the worker and asyncio logs no 'never retrieved' traceback."""
+    """The scheduler's way in: an interrupt of a worker thread running an event loop cancels its main
+    task (tasks nobody awaits included), arrives as Interrupted, and asyncio logs nothing."""
     import gc
     import threading
 
-    from autotune.tuner.interrupts import Gate, interruptible, set_gate
+    from autotune.tuner.interrupts import Gate, interruptible, run_async, set_gate
 
     caught: list[str] = []
 
@@ -64,7 +64,7 @@ def test_a_worker_thread_is_interrupted_inside_an_asyncio_task_without_noise(cap
                     loop = asyncio.get_running_loop()
                     tasks = [loop.create_task(spin()) for _ in range(4)]  # noqa: F841 - fire and forget
                     await asyncio.sleep(30)
-                asyncio.run(main())
+                run_async(main())
         except Interrupted as e:
             caught.append(e.reason)
 
@@ -89,3 +89,36 @@ def test_asyncio_logs_nothing_for_an_expected_interrupt_but_still_logs_errors(ca
     log.error("Task exception was never retrieved", exc_info=(Interrupted, Interrupted("SIGTERM"), None))
     log.error("Task exception was never retrieved", exc_info=(ValueError, ValueError("real"), None))
     assert [r.exc_info[0] for r in caplog.records] == [ValueError]
+
+
+def test_a_cancellation_swallowed_on_the_way_is_escalated(monkeypatch):
+    """Code that catches CancelledError (awaiting a task it cancelled) must not keep a trial running."""
+    import threading
+
+    from autotune.tuner.interrupts import Gate, interruptible, run_async, set_gate
+
+    monkeypatch.setattr(Gate, "ESCALATE_S", 0.3)
+    caught: list[str] = []
+
+    def worker(gate: Gate) -> None:
+        set_gate(gate)
+        try:
+            with interruptible():
+                async def stubborn() -> None:
+                    try:                        # like a load step awaiting a task it cancelled itself
+                        await asyncio.sleep(30)
+                    except asyncio.CancelledError:
+                        asyncio.current_task().uncancel()
+                    await asyncio.sleep(30)     # ... and going on to the next step
+                run_async(stubborn())
+        except Interrupted as e:
+            caught.append(e.reason)
+
+    gate = Gate()
+    thread = threading.Thread(target=worker, args=(gate,))
+    thread.start()
+    time.sleep(0.2)
+    t0 = time.monotonic()
+    gate.interrupt("SIGINT")
+    thread.join(timeout=5)
+    assert caught == ["SIGINT"] and 0.25 < time.monotonic() - t0 < 2

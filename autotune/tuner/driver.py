@@ -13,10 +13,8 @@ Extension points for other parts of the tuner (docs/SCHEDULER.md, "Hooks"):
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import json
 import math
-import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -26,11 +24,10 @@ from typing import Any, Callable, Sequence
 import optuna
 from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import TrialState
-from sqlalchemy import insert
-from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.exc import OperationalError
 
 from autotune import causes
-from autotune.daemon.heartbeat import Heartbeats, owner_alive_here
+from autotune.daemon.heartbeat import Heartbeats
 from autotune.daemon.pool import Lease, host_name
 from autotune.engine.base import Engine
 from autotune.engine.process import kill_leftovers
@@ -38,7 +35,7 @@ from autotune.errors import UserError
 from autotune.flags import flags_to_mapping
 from autotune.space import SearchSpace, mapping_to_flags
 from autotune.spec import StudySpec
-from autotune.store.models import EnqueuedRecord, utcnow
+from autotune.store.models import utcnow
 from autotune.store.repository import ResultStore, sqlite_path
 from autotune.telemetry import headroom_violation
 from autotune.telemetry.base import TelemetrySource
@@ -47,6 +44,8 @@ from autotune.tuner.interrupts import Interrupted
 from autotune.tuner.objectives import (failure_constraints, measured_constraints, pick,
                                        placeholder_values)
 from autotune.tuner.progress import Progress
+from autotune.tuner.sharing import (claim, dead_owner_servers, first_to_create, gpu_model, identity_conflict,
+                                    make_sampler, overlapping, sampler_seed)
 from autotune.tuner.trial import Phase, TrialOutcome, TrialRunner, outcome_evidence
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -81,27 +80,6 @@ TellHook = Callable[["StudyDriver", TrialJob, TrialOutcome], None]
 BudgetStep = Callable[["StudyDriver"], None]
 
 
-def sampler_seed(spec_seed: int, host: str, pid: int, trials_so_far: int) -> int:
-    """Each process seeds differently: two processes (or a resumed one) with the spec's fixed seed
-    would otherwise propose the very same candidates."""
-    digest = hashlib.sha256(f"{spec_seed}:{host}:{pid}:{trials_so_far}".encode()).digest()
-    return int.from_bytes(digest[:4], "big")
-
-
-def make_sampler(spec: StudySpec, trials_so_far: int = 0, host: str | None = None,
-                 pid: int | None = None) -> optuna.samplers.BaseSampler:
-    """TPE with `constant_liar`: trials still running count as (pessimistic) results, so concurrent
-    asks spread out instead of proposing the same region."""
-    seed = sampler_seed(spec.seed, host or host_name(), os.getpid() if pid is None else pid, trials_so_far)
-    if spec.sampler == "random":
-        return optuna.samplers.RandomSampler(seed=seed)
-    if spec.sampler == "nsga2":
-        return optuna.samplers.NSGAIISampler(seed=seed)
-    if spec.sampler == "gp":
-        return optuna.samplers.GPSampler(seed=seed)
-    return optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=5, constant_liar=True)
-
-
 def expected_trial_s(records: Sequence[Any]) -> float | None:
     """The median wall time of the trials that launched a server (measured or failed, not rejected by a
     constraint nor interrupted). A trial started with less time than that left before `--timeout` would
@@ -132,26 +110,6 @@ def layout_gpus(flags: Sequence[str]) -> int:
         except (TypeError, ValueError):
             return 1
     return num("tensor_parallel_size") * num("pipeline_parallel_size") * num("data_parallel_size")
-
-
-def _first_to_create(make: Callable[[], Any], attempts: int = 5) -> Any:
-    """Two processes opening a new database at once race to create its tables (Optuna's schema version
-    row, our tables): the loser's IntegrityError / "already exists" is retried once the winner is done."""
-    for attempt in range(attempts):
-        try:
-            return make()
-        except (IntegrityError, OperationalError):
-            if attempt == attempts - 1:
-                raise
-            time.sleep(0.3 * (attempt + 1))
-
-
-def gpu_model(hw: dict[str, Any]) -> str | None:
-    """The accelerator a trial ran on, from its hardware stamp (the simulated one on the simulator)."""
-    if hw.get("simulated_gpu"):
-        return f"simulated {hw['simulated_gpu']}"
-    names = sorted({g.get("name") for g in hw.get("gpus") or [] if g.get("name")})
-    return ", ".join(names) or None
 
 
 class StudyDriver:
@@ -194,8 +152,8 @@ class StudyDriver:
     def open(self) -> None:
         """Create or load the study, check this host may join it, recover stale trials, enqueue the
         baseline and the spec's candidates (once across processes)."""
-        self.store = _first_to_create(lambda: ResultStore(self.spec.storage_url))
-        storage = _first_to_create(lambda: optuna.storages.RDBStorage(self.spec.storage_url, engine_kwargs=(
+        self.store = first_to_create(lambda: ResultStore(self.spec.storage_url))
+        storage = first_to_create(lambda: optuna.storages.RDBStorage(self.spec.storage_url, engine_kwargs=(
             {"connect_args": {"timeout": 30}} if self.spec.storage_url.startswith("sqlite") else {})))
         self.study = optuna.create_study(study_name=self.spec.name, storage=storage, load_if_exists=True,
                                          directions=self.spec.directions())
@@ -229,17 +187,9 @@ class StudyDriver:
     def check_identity(self) -> None:
         """A host whose GPU model, engine version or spec differs from the study's first trials would
         mix incomparable measurements into one search: refuse it with one line."""
-        first: dict[str, Any] = {}
-        for rec in self.store.trials(self.record.id):
-            for key, value in (rec.identity or {}).items():
-                if value is not None:
-                    first.setdefault(key, (value, rec.number))
-        words = {"gpu_model": "GPU model", "engine_version": "engine version", "spec": "spec"}
-        for key, word in words.items():
-            mine = self.identity.get(key)
-            if key in first and mine is not None and first[key][0] != mine:
-                raise UserError(f"study {self.spec.name!r}: this host's {word} ({mine}) differs from trial "
-                                f"{first[key][1]}'s ({first[key][0]}); use a new study name")
+        conflict = identity_conflict(self.store.trials(self.record.id), self.identity)
+        if conflict:
+            raise UserError(f"study {self.spec.name!r}: {conflict}; use a new study name")
 
     def recover(self) -> None:
         """Fail and re-queue trials whose owner stopped beating, and stop servers left on this host by
@@ -269,16 +219,7 @@ class StudyDriver:
                                   f"stopped beating (killed or cut off)")
 
     def _stop_leftovers(self) -> None:
-        leftovers = []
-        for p in self.store.processes(self.spec.name):
-            if (p.host or self.host) != self.host:
-                continue                    # only a process on that host may stop it
-            if p.owner_create_time is not None:     # PID and create time: certain on its own host
-                dead = not owner_alive_here(p.owner_pid, p.owner_create_time)
-            else:                                   # a record from before owner create times were kept
-                dead = (p.owner_pid == os.getpid() and not self._running) or not owner_alive_here(p.owner_pid, None)
-            if dead:
-                leftovers.append(p)
+        leftovers = dead_owner_servers(list(self.store.processes(self.spec.name)), self.host, bool(self._running))
         if leftovers:
             stopped = kill_leftovers([(p.pid, p.pgid, p.create_time) for p in leftovers])
             for p in leftovers:
@@ -287,13 +228,7 @@ class StudyDriver:
 
     def claim(self, key: str) -> bool:
         """Insert (study, key) into autotune_enqueued; True for the one process that inserted it."""
-        try:
-            with self.store.engine.begin() as conn:
-                conn.execute(insert(EnqueuedRecord.__table__).values(
-                    study=self.spec.name, key=key, host=self.host, pid=os.getpid(), created_at=utcnow()))
-            return True
-        except IntegrityError:
-            return False
+        return claim(self.store.engine, self.spec.name, key, self.host)
 
     def _ensure_enqueued(self) -> None:
         """The baseline first, then the spec's `enqueue:` candidates not yet run (a resumed study picks
@@ -452,16 +387,8 @@ class StudyDriver:
 
     def _overlap_fields(self, job: TrialJob) -> dict[str, Any]:
         """The trials of this study (any process) whose run overlapped ours, and the measurement flag."""
-        start, end = job.started_at or utcnow(), utcnow()
-        overlapped = []
-        for rec in self.store.trials(self.record.id):
-            if rec.number == job.number or rec.cause in (causes.CONSTRAINT, causes.PREDICTED_OOM):
-                continue
-            if rec.started_at is not None and rec.started_at < end and (rec.finished_at is None
-                                                                       or rec.finished_at > start):
-                overlapped.append(rec.number)
-        flags = ["overlapped"] if overlapped else []
-        return {"overlapped": overlapped, "measurement_flags": flags}
+        overlapped = overlapping(self.store.trials(self.record.id), job.number, job.started_at or utcnow(), utcnow())
+        return {"overlapped": overlapped, "measurement_flags": ["overlapped"] if overlapped else []}
 
     def _tell(self, job: TrialJob, outcome: TrialOutcome, lease: Lease | None) -> None:
         trial = job.trial

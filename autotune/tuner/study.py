@@ -9,7 +9,8 @@ parameters again, so the next `autotune run` redoes exactly those candidates.
 
 from __future__ import annotations
 
-from autotune.tuner.driver import StudyResult, expected_trial_s, log_dir_for, make_sampler
+from autotune.tuner.driver import StudyResult, expected_trial_s, log_dir_for
+from autotune.tuner.sharing import make_sampler
 from autotune.tuner.interrupts import Interrupted, _interrupts
 
 __all__ = ["Interrupted", "StudyResult", "_interrupts", "expected_trial_s", "log_dir_for", "make_sampler"]

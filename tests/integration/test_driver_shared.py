@@ -15,7 +15,8 @@ from sqlalchemy import text
 from autotune.daemon.heartbeat import Heartbeats
 from autotune.errors import UserError
 from autotune.tuner.command import prepare_spec
-from autotune.tuner.driver import StudyDriver, layout_gpus, sampler_seed
+from autotune.tuner.driver import StudyDriver, layout_gpus
+from autotune.tuner.sharing import sampler_seed
 from autotune.tuner.progress import Progress
 
 
@@ -154,10 +155,10 @@ def test_processes_creating_one_fresh_database_at_once_all_succeed(tmp_path: Pat
     import subprocess
     import sys
 
-    code = ("import sys, optuna\nfrom autotune.tuner.driver import _first_to_create\n"
+    code = ("import sys, optuna\nfrom autotune.tuner.sharing import first_to_create\n"
             "from autotune.store.repository import ResultStore\nurl = sys.argv[1]\n"
-            "_first_to_create(lambda: ResultStore(url))\n"
-            "_first_to_create(lambda: optuna.storages.RDBStorage(url, engine_kwargs={'connect_args': {'timeout': 30}}))\n"
+            "first_to_create(lambda: ResultStore(url))\n"
+            "first_to_create(lambda: optuna.storages.RDBStorage(url, engine_kwargs={'connect_args': {'timeout': 30}}))\n"
             "print('ok')\n")
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     url = f"sqlite:///{tmp_path}/fresh.db"

@@ -1,0 +1,122 @@
+"""One study, several processes or hosts: what makes sharing the storage safe.
+
+Each process seeds its sampler differently; the loser of the race to create a fresh database retries;
+an enqueue (the baseline, a spec candidate, a re-queued trial) happens only after its row in
+`autotune_enqueued` is inserted, so it happens once; a host whose GPU model, engine version or spec
+differs from the study's first trials is refused; servers are stopped only on their own host and
+only when their owner is dead; and every trial knows which trials ran beside it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import os
+import time
+from typing import Any, Callable, Sequence
+
+import optuna
+from sqlalchemy import insert
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import IntegrityError, OperationalError
+
+from autotune import causes
+from autotune.daemon.heartbeat import owner_alive_here
+from autotune.daemon.pool import host_name
+from autotune.spec import StudySpec
+from autotune.store.models import EnqueuedRecord, ProcessRecord, TrialRecord, utcnow
+
+
+def sampler_seed(spec_seed: int, host: str, pid: int, trials_so_far: int) -> int:
+    """Each process seeds differently: two processes (or a resumed one) with the spec's fixed seed
+    would otherwise propose the very same candidates."""
+    digest = hashlib.sha256(f"{spec_seed}:{host}:{pid}:{trials_so_far}".encode()).digest()
+    return int.from_bytes(digest[:4], "big")
+
+
+def make_sampler(spec: StudySpec, trials_so_far: int = 0, host: str | None = None,
+                 pid: int | None = None) -> optuna.samplers.BaseSampler:
+    """TPE with `constant_liar`: trials still running count as (pessimistic) results, so concurrent
+    asks spread out instead of proposing the same region."""
+    seed = sampler_seed(spec.seed, host or host_name(), os.getpid() if pid is None else pid, trials_so_far)
+    if spec.sampler == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if spec.sampler == "nsga2":
+        return optuna.samplers.NSGAIISampler(seed=seed)
+    if spec.sampler == "gp":
+        return optuna.samplers.GPSampler(seed=seed)
+    return optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=5, constant_liar=True)
+
+
+def first_to_create(make: Callable[[], Any], attempts: int = 5) -> Any:
+    """Two processes opening a new database at once race to create its tables (Optuna's schema version
+    row, our tables): the loser's IntegrityError / "already exists" is retried once the winner is done."""
+    for attempt in range(attempts):
+        try:
+            return make()
+        except (IntegrityError, OperationalError):
+            if attempt == attempts - 1:
+                raise
+            time.sleep(0.3 * (attempt + 1))
+
+
+def gpu_model(hw: dict[str, Any]) -> str | None:
+    """The accelerator a trial ran on, from its hardware stamp (the simulated one on the simulator)."""
+    if hw.get("simulated_gpu"):
+        return f"simulated {hw['simulated_gpu']}"
+    names = sorted({g.get("name") for g in hw.get("gpus") or [] if g.get("name")})
+    return ", ".join(names) or None
+
+
+def identity_conflict(records: Sequence[TrialRecord], identity: dict[str, Any]) -> str | None:
+    """How this host differs from the study's first trials that recorded an identity, or None."""
+    first: dict[str, tuple[Any, int]] = {}
+    for rec in records:
+        for key, value in (rec.identity or {}).items():
+            if value is not None:
+                first.setdefault(key, (value, rec.number))
+    words = {"gpu_model": "GPU model", "engine_version": "engine version", "spec": "spec"}
+    for key, word in words.items():
+        mine = identity.get(key)
+        if key in first and mine is not None and first[key][0] != mine:
+            return f"this host's {word} ({mine}) differs from trial {first[key][1]}'s ({first[key][0]})"
+    return None
+
+
+def claim(engine: Engine, study: str, key: str, host: str) -> bool:
+    """Insert (study, key) into autotune_enqueued; True for the one process that inserted it."""
+    try:
+        with engine.begin() as conn:
+            conn.execute(insert(EnqueuedRecord.__table__).values(
+                study=study, key=key, host=host, pid=os.getpid(), created_at=utcnow()))
+        return True
+    except IntegrityError:
+        return False
+
+
+def dead_owner_servers(records: Sequence[ProcessRecord], host: str, own_running: bool) -> list[ProcessRecord]:
+    """Recorded servers of this host whose owner is dead (only a process on that host may stop them)."""
+    out = []
+    for p in records:
+        if (p.host or host) != host:
+            continue
+        if p.owner_create_time is not None:     # PID and create time: certain on its own host
+            dead = not owner_alive_here(p.owner_pid, p.owner_create_time)
+        else:                                   # a record from before owner create times were kept
+            dead = (p.owner_pid == os.getpid() and not own_running) or not owner_alive_here(p.owner_pid, None)
+        if dead:
+            out.append(p)
+    return out
+
+
+def overlapping(records: Sequence[TrialRecord], number: int, start: dt.datetime, end: dt.datetime) -> list[int]:
+    """Trials (any process) that ran between start and end, besides `number`; candidates rejected by a
+    free check never ran a server and do not count."""
+    out = []
+    for rec in records:
+        if rec.number == number or rec.cause in (causes.CONSTRAINT, causes.PREDICTED_OOM):
+            continue
+        if rec.started_at is not None and rec.started_at < end and (rec.finished_at is None
+                                                                   or rec.finished_at > start):
+            out.append(rec.number)
+    return out

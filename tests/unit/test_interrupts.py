@@ -41,10 +41,9 @@ def test_deadline_interrupts_a_blocking_wait():
     assert caught.value.reason == "timeout"
 
 
-def test_a_worker_thread_is_interrupted_inside_an_asyncio_task_without_noise(capsys):
-    """The scheduler's way in: an interrupt of a worker thread running an event loop cancels its main
-    task (tasks nobody awaits included), arrives as Interrupted, and asyncio logs nothing."""
-    import gc
+def _interrupt_worker(main, reason: str) -> tuple[list[str], float]:
+    """Run `main()` through run_async in a worker thread with a gate, interrupt it after 0.2 s; returns
+    the reasons the worker caught and the seconds from the interrupt to the worker's end."""
     import threading
 
     from autotune.tuner.interrupts import Gate, interruptible, run_async, set_gate
@@ -55,15 +54,6 @@ def test_a_worker_thread_is_interrupted_inside_an_asyncio_task_without_noise(cap
         set_gate(gate)
         try:
             with interruptible():
-                async def spin() -> None:
-                    while True:
-                        sum(range(2000))
-                        await asyncio.sleep(0)
-
-                async def main() -> None:
-                    loop = asyncio.get_running_loop()
-                    tasks = [loop.create_task(spin()) for _ in range(4)]  # noqa: F841 - fire and forget
-                    await asyncio.sleep(30)
                 run_async(main())
         except Interrupted as e:
             caught.append(e.reason)
@@ -73,10 +63,29 @@ def test_a_worker_thread_is_interrupted_inside_an_asyncio_task_without_noise(cap
     thread.start()
     time.sleep(0.2)
     t0 = time.monotonic()
-    gate.interrupt("SIGTERM")
+    gate.interrupt(reason)
     thread.join(timeout=5)
+    return caught, time.monotonic() - t0
+
+
+def test_a_worker_thread_is_interrupted_inside_an_asyncio_task_without_noise(capsys):
+    """The scheduler's way in: an interrupt of a worker thread running an event loop cancels its main
+    task (tasks nobody awaits included), arrives as Interrupted, and asyncio logs nothing."""
+    import gc
+
+    async def spin() -> None:
+        while True:
+            sum(range(2000))
+            await asyncio.sleep(0)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        tasks = [loop.create_task(spin()) for _ in range(4)]  # noqa: F841 - fire and forget
+        await asyncio.sleep(30)
+
+    caught, took = _interrupt_worker(main, "SIGTERM")
     gc.collect()
-    assert caught == ["SIGTERM"] and time.monotonic() - t0 < 2
+    assert caught == ["SIGTERM"] and took < 2
     assert "Traceback" not in capsys.readouterr().err
 
 
@@ -93,32 +102,16 @@ def test_asyncio_logs_nothing_for_an_expected_interrupt_but_still_logs_errors(ca
 
 def test_a_cancellation_swallowed_on_the_way_is_escalated(monkeypatch):
     """Code that catches CancelledError (awaiting a task it cancelled) must not keep a trial running."""
-    import threading
-
-    from autotune.tuner.interrupts import Gate, interruptible, run_async, set_gate
+    from autotune.tuner.interrupts import Gate
 
     monkeypatch.setattr(Gate, "ESCALATE_S", 0.3)
-    caught: list[str] = []
 
-    def worker(gate: Gate) -> None:
-        set_gate(gate)
-        try:
-            with interruptible():
-                async def stubborn() -> None:
-                    try:                        # like a load step awaiting a task it cancelled itself
-                        await asyncio.sleep(30)
-                    except asyncio.CancelledError:
-                        asyncio.current_task().uncancel()
-                    await asyncio.sleep(30)     # ... and going on to the next step
-                run_async(stubborn())
-        except Interrupted as e:
-            caught.append(e.reason)
+    async def stubborn() -> None:
+        try:                        # like a load step awaiting a task it cancelled itself
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            asyncio.current_task().uncancel()
+        await asyncio.sleep(30)     # ... and going on to the next step
 
-    gate = Gate()
-    thread = threading.Thread(target=worker, args=(gate,))
-    thread.start()
-    time.sleep(0.2)
-    t0 = time.monotonic()
-    gate.interrupt("SIGINT")
-    thread.join(timeout=5)
-    assert caught == ["SIGINT"] and 0.25 < time.monotonic() - t0 < 2
+    caught, took = _interrupt_worker(stubborn, "SIGINT")
+    assert caught == ["SIGINT"] and 0.25 < took < 2

@@ -157,25 +157,26 @@ def test_sigterm_interrupts_every_running_trial_at_once() -> None:
     assert sched.pool.free() == (0, 1, 2)
 
 
-def test_cancel_now_interrupts_one_study_only() -> None:
+def _two_studies(first: FakeDriver, second: FakeDriver) -> Scheduler:
     global T0
     T0 = time.monotonic()
-    a, b = FakeDriver("a", 1, [30.0]), FakeDriver("b", 1, [0.3])
     sched = Scheduler(GpuPool([0, 1], physical=False, cores=[0], host="h"), poll_s=0.01)
-    sched.add(a)
-    sched.add(b)
+    sched.add(first)
+    sched.add(second)
+    return sched
+
+
+def test_cancel_now_interrupts_one_study_only() -> None:
+    a, b = FakeDriver("a", 1, [30.0]), FakeDriver("b", 1, [0.3])
+    sched = _two_studies(a, b)
     threading.Timer(0.1, sched.cancel, ("a",), {"now": True}).start()
     assert sched.run_until_done() is None
     assert a.interrupted == [(0, "cancel")] and b.finished == [0]
 
 
 def test_serve_drains_within_grace_then_interrupts() -> None:
-    global T0
-    T0 = time.monotonic()
     quick, slow = FakeDriver("quick", 1, [0.2]), FakeDriver("slow", 1, [30.0])
-    sched = Scheduler(GpuPool([0, 1], physical=False, cores=[0], host="h"), poll_s=0.01)
-    sched.add(quick)
-    sched.add(slow)
+    sched = _two_studies(quick, slow)
     stop = threading.Event()
     threading.Timer(0.1, stop.set).start()
     t = time.monotonic()

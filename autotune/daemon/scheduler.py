@@ -118,7 +118,8 @@ class Scheduler:
             return [e.driver.name for e in self._entries]
 
     def cancel(self, study: str, now: bool = False) -> None:
-        """No new trials of `study`; with `now`, its running trials are interrupted (and re-queued)."""
+        """No new trials of `study` (a candidate of it waiting for slots is re-queued at the next pass);
+        with `now`, its running trials are interrupted (and re-queued). Any thread may call it."""
         with self._lock:
             for e in self._entries:
                 if e.driver.name == study:
@@ -180,6 +181,10 @@ class Scheduler:
 
     def _tick(self, leasing: bool) -> None:
         self._reap()
+        for e in list(self._entries):
+            if e.pending is not None and e.driver.cancelled:
+                job, e.pending = e.pending, None
+                e.driver.interrupt(job, "cancel")
         now = time.monotonic()
         if now - self._last_recover >= self.recover_every_s:
             self._last_recover = now
@@ -208,6 +213,8 @@ class Scheduler:
     def _launch(self) -> None:
         blocked = False          # the head of the line waits for slots: the others only join the line
         for e in self._line():
+            if e.driver.cancelled:
+                continue                    # its waiting candidate is re-queued by the next _tick
             while self.parallel is None or len(self._workers) < self.parallel:
                 if e.pending is None:
                     if not e.driver.wants_trial():

@@ -119,7 +119,7 @@ class StudyDriver:
                  n_trials: int, timeout_s: float | None, fixed_flags: Sequence[str], engine_command: list[str],
                  predict: Any = None, live: bool | None = None, started: float | None = None, *,
                  progress: Progress | None = None, heartbeats: Heartbeats | None = None,
-                 host: str | None = None) -> None:
+                 host: str | None = None, log_dir: Path | None = None) -> None:
         self.spec = spec
         self.name = spec.name
         self.space = space
@@ -135,6 +135,7 @@ class StudyDriver:
         self.slo = spec.slo_obj
         self.headroom_constraint = spec.telemetry.require_headroom
         self.host = host or host_name()
+        self.log_dir = log_dir or log_dir_for(spec)    # trial logs (the daemon: one folder per host and study)
         self.progress = progress or Progress(spec.name, spec.objectives, n_trials, live=live)
         self.heartbeats = heartbeats
         self.tag_phases = False           # prefix phase lines with the trial (set when trials overlap)
@@ -167,7 +168,6 @@ class StudyDriver:
             space_hash=self.space.fingerprint(), spec_hash=self.spec.identity_hash(), spec=self.spec.public_dict(),
             objectives=[[o, d] for o, d in zip(self.spec.objectives, self.spec.directions())],
             slo=str(self.slo), quality_knobs=[p for p in self.space.quality_params])
-        self.log_dir = log_dir_for(self.spec)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.hardware = hardware(self.spec)
         self.engine_version = self.engine.version()
@@ -343,8 +343,10 @@ class StudyDriver:
         return lambda text: self.progress.phase(f"[trial {job.number}] {text}")
 
     def run_job(self, job: TrialJob, lease: Lease, phase: Phase) -> TrialOutcome:
-        """Worker thread: launch, measure, stop. Raises Interrupted when the scheduler stops it."""
-        self.store.save_trial(self.record.id, job.number, lease=lease.to_json())
+        """Worker thread: launch, measure, stop. Raises Interrupted when the scheduler stops it. The
+        trial's start is now, not when it was asked: a wait for slots is not part of its wall time."""
+        job.started_at = utcnow()
+        self.store.save_trial(self.record.id, job.number, lease=lease.to_json(), started_at=job.started_at)
         return self.runner.run(job.number, job.flags, [], phase, lease=lease)
 
     def finish(self, job: TrialJob, lease: Lease | None, outcome: TrialOutcome) -> None:

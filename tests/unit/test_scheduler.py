@@ -174,6 +174,15 @@ def test_cancel_now_interrupts_one_study_only() -> None:
     assert a.interrupted == [(0, "cancel")] and b.finished == [0]
 
 
+def test_cancel_requeues_a_candidate_waiting_for_slots() -> None:
+    busy = FakeDriver("busy", 2, [0.5])
+    waiting = FakeDriver("waiting", 2, [0.1], arrive_s=0.05)
+    sched = _two_studies(busy, waiting)
+    threading.Timer(0.2, sched.cancel, ("waiting",)).start()
+    assert sched.run_until_done() is None
+    assert waiting.interrupted == [(0, "cancel")] and waiting.finished == [] and busy.finished == [0]
+
+
 def test_serve_drains_within_grace_then_interrupts() -> None:
     quick, slow = FakeDriver("quick", 1, [0.2]), FakeDriver("slow", 1, [30.0])
     sched = _two_studies(quick, slow)

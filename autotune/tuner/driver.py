@@ -486,5 +486,7 @@ class StudyDriver:
         self.store.keep_series_only_for(self.record.id, keep)
 
 
+_first_to_create = first_to_create   # the name daemon/queue.py imports (moved to tuner/sharing.py)
+
 __all__ = ["StudyDriver", "StudyResult", "TrialJob", "expected_trial_s", "layout_gpus", "log_dir_for",
            "make_sampler", "sampler_seed", "Interrupted"]

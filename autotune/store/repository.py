@@ -11,7 +11,9 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
 from autotune.errors import UserError
-from autotune.store.models import Base, ProcessRecord, SeriesRecord, StudyRecord, TrialRecord, utcnow
+from autotune.store.migrate import add_missing_columns
+from autotune.store.models import (Base, ConfirmationRecord, ProcessRecord, SeriesRecord, StudyRecord,
+                                   TrialRecord, utcnow)
 
 
 def sqlite_path(url: str) -> Path | None:
@@ -57,6 +59,9 @@ class ResultStore:
             Base.metadata.create_all(self.engine)
         elif not storage_exists(url):
             raise UserError(f"storage {url!r} holds no autotune study")
+        else:
+            Base.metadata.create_all(self.engine)   # tables newer than the database (confirmations)
+        add_missing_columns(self.engine)
 
     def session(self) -> Session:
         return Session(self.engine, expire_on_commit=False)
@@ -136,6 +141,26 @@ class ResultStore:
                     n += 1
             s.commit()
         return n
+
+    # confirmations ---------------------------------------------------------------------------------
+    def save_confirmation(self, **fields: Any) -> ConfirmationRecord:
+        """Insert or replace the repeat of one trial in one round."""
+        with self.session() as s:
+            rec = s.scalar(select(ConfirmationRecord).where(ConfirmationRecord.trial_id == fields["trial_id"],
+                                                            ConfirmationRecord.round == fields["round"]))
+            if rec is None:
+                rec = ConfirmationRecord(**fields)
+                s.add(rec)
+            else:
+                for k, v in fields.items():
+                    setattr(rec, k, v)
+            s.commit()
+            return rec
+
+    def confirmations(self, study_id: int) -> list[ConfirmationRecord]:
+        with self.session() as s:
+            return list(s.scalars(select(ConfirmationRecord).where(ConfirmationRecord.study_id == study_id)
+                                  .order_by(ConfirmationRecord.round, ConfirmationRecord.position)))
 
     # raw series ------------------------------------------------------------------------------------
     def add_series(self, trial_id: int, kind: str, data: list[Any]) -> None:

@@ -95,6 +95,8 @@ def apply_overrides(raw: dict[str, Any], args: argparse.Namespace) -> dict[str, 
         budget["timeout"] = args.timeout
     if budget:
         raw["budget"] = budget
+    if getattr(args, "no_confirm", False):
+        raw["confirm"] = {**(raw.get("confirm") or {}), "enabled": False}
     return raw
 
 

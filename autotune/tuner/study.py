@@ -195,11 +195,20 @@ class StudyLoop:
                                 self._stop_reason = "timeout"
                                 break
                         self._one(progress)
+                    if self._stop_reason is None and self.spec.confirm.enabled:   # issue 11: confirmation
+                        self._stop_reason = self._confirm(progress, deadline)      # issue 11: confirmation
                 except Interrupted as e:
                     self._stop_reason = e.reason
             self._keep_best_series()
         feasible = len(self.feasible_trials())
         return StudyResult(self.complete_count(), feasible, self._stop_reason)
+
+    def _confirm(self, progress: Progress, deadline: float | None) -> str | None:   # issue 11: confirmation
+        from autotune.tuner.confirm import confirm_study
+        return confirm_study(self.spec, self.store, self.record, self.runner, top_k=self.spec.confirm.top_k,
+                             repeats=self.spec.confirm.repeats, phase=progress.phase, say=progress.message,
+                             deadline=deadline,
+                             expected_s=expected_trial_s(self.store.trials(self.record.id)) or 0.0).stopped_by
 
     def _one(self, progress: Progress) -> None:
         trial = self.study.ask()

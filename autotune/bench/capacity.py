@@ -94,9 +94,12 @@ class _Search:
     def __init__(self, integer: bool, upper: float, tolerance: float) -> None:
         self.integer, self.upper, self.tolerance = integer, upper, tolerance
         self.points: list[tuple[float, float, bool]] = []   # (load, relative margin, met)
+        self.cut: set[float] = set()    # loads whose step was cut short: their margin is a lower bound
 
-    def add(self, load: float, margin: float, met: bool) -> None:
+    def add(self, load: float, margin: float, met: bool, cut_short: bool = False) -> None:
         self.points.append((load, margin, met))
+        if cut_short:
+            self.cut.add(load)
 
     def bracket(self) -> tuple[tuple[float, float] | None, tuple[float, float] | None]:
         fails = [(x, m) for x, m, ok in self.points if not ok]
@@ -129,7 +132,11 @@ class _Search:
     def _inside(self, lo: tuple[float, float], hi: tuple[float, float]) -> float:
         """Latency rises convexly with load, so the chord from the passing end to the failing end crosses
         the limit below the truth, and the line through the two highest passing loads crosses above it:
-        aim between the two."""
+        aim between the two. A failing end that was cut short knows only its first, fastest requests:
+        its margin understates the overload and a chord through it lands next to it (seen on the CPU
+        build: 96, 83, 76, 70, each cut short), so there the bracket is halved on the log scale."""
+        if hi[0] in self.cut and lo[0] > 0:
+            return math.sqrt(lo[0] * hi[0])
         chord = lo[0] + (hi[0] - lo[0]) * (-lo[1]) / (hi[1] - lo[1]) if hi[1] > lo[1] else (lo[0] + hi[0]) / 2
         below = sorted((x, m) for x, m, ok in self.points if ok and x <= lo[0])
         if len(below) >= 2:
@@ -206,7 +213,7 @@ async def find_capacity(base_url: str, model: str, workload: Workload, slo: SLO,
         s = LoadStep(load=load, measurement=m, slo_met=False)
         margin = relative_margin(s, slo)
         s.slo_met = margin <= 0 and not m.aborted_early
-        searcher.add(load, margin, s.slo_met)
+        searcher.add(load, margin, s.slo_met, cut_short=m.aborted_early)
         steps.append(s)
         if on_step is not None:
             on_step(s)

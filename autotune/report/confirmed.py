@@ -35,12 +35,17 @@ def confirmation_lines(study: StudyRecord, trials: Sequence[TrialRecord], confir
              "trial's first run, as Optuna saw it"]
     baseline = next((t for t in trials if t.role == "baseline"), None)
     for n, c in sorted(confirmed.items()):
-        state = "stays" if c.survives else f"leaves the front: {c.why_not}"
+        state = ("stays" if c.survives else f"pending: {c.why_not}" if c.pending
+                 else f"leaves the front: {c.why_not}")
+        flagged = sorted({f for r in c.rows for f in (r.measurement_flags or [])})
+        if flagged:
+            state += f"; repeats flagged {', '.join(flagged)}"
         lines.append(f"  #{n} ({c.trial.role}{', changes output quality' if c.quality_changing else ''}): "
                      f"{len(c.rows)} repeat(s): {_medians(study, c) or 'nothing measured'}; {state}")
     alive = [c for c in confirmed.values() if c.survives]
     if not alive:
-        lines.append("NOTHING SURVIVED CONFIRMATION: no configuration is exported")
+        lines.append("CONFIRMATION NOT FINISHED: `autotune confirm` continues it" if any(
+            c.pending for c in confirmed.values()) else "NOTHING SURVIVED CONFIRMATION: no configuration is exported")
         return lines
     base = confirmed.get(baseline.number) if baseline is not None else None
     if base is None or not base.survives:

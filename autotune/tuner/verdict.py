@@ -113,6 +113,7 @@ class Confirmed:
     medians: dict[str, float] = field(default_factory=dict)
     spreads: dict[str, float] = field(default_factory=dict)
     survives: bool = False
+    pending: bool = False            # fewer repeats than a verdict needs, none failed: not finished yet
     why_not: str = ""
     verdicts: list[ObjectiveVerdict] = field(default_factory=list)   # against the baseline
     quality_changing: bool = False
@@ -171,7 +172,7 @@ def summarize_confirmations(study: StudyRecord, trials: Sequence[TrialRecord],
         if failed:
             c.why_not = f"repeat {failed[0].round + 1} failed ({failed[0].cause})"
         elif len(c.rows) < MIN_ROUNDS:
-            c.why_not = f"{len(c.rows)} of {MIN_ROUNDS} repeats so far"
+            c.pending, c.why_not = True, f"{len(c.rows)} of {MIN_ROUNDS} repeats so far"
         elif caps and low is not None and statistics.median(caps) < low:
             c.why_not = f"median capacity {statistics.median(caps):g} below the first run's bracket ({low:g})"
         elif len(ok) < len(c.rows) or any(n not in c.medians for n, _ in names):
@@ -237,7 +238,15 @@ def export_choice(study: StudyRecord, trials: Sequence[TrialRecord],
             return ExportChoice(best.trial, best, f"trial {best.trial.number}: best confirmed median on "
                                                   f"{study.objectives[0][0]} over {len(best.rows)} repeats")
         reasons = "; ".join(f"trial {n}: {c.why_not}" for n, c in sorted(confirmed.items()))
-        return ExportChoice(None, None, f"no candidate survived confirmation ({reasons})")
+        if not any(c.pending for c in confirmed.values()):
+            return ExportChoice(None, None, f"no candidate survived confirmation ({reasons})")
+        # a confirmation cut short (timeout, Ctrl-C) decides nothing yet: the first runs' rule applies,
+        # without the trials a finished repeat already dropped
+        dropped = {n for n, c in confirmed.items() if not c.pending}
+        trials = [t for t in trials if t.number not in dropped]
+        pending_note = f"; confirmation not finished ({reasons}): `autotune confirm` continues it"
+    else:
+        pending_note = ""
     clean = [t for t in trials if not flags_of(t)]
     best = best_trial(study, clean)
     overall = best_trial(study, list(trials))
@@ -245,13 +254,13 @@ def export_choice(study: StudyRecord, trials: Sequence[TrialRecord],
         if overall is not None:
             return ExportChoice(None, None, f"the only feasible trials carry measurement flags (trial "
                                             f"{overall.number}: {', '.join(flags_of(overall))}) and none is "
-                                            f"confirmed: run `autotune confirm`")
-        return ExportChoice(None, None, f"no feasible trial in study {study.name!r} to export")
+                                            f"confirmed: run `autotune confirm`" + pending_note)
+        return ExportChoice(None, None, f"no feasible trial in study {study.name!r} to export" + pending_note)
     why = f"trial {best.number}: best feasible on {study.objectives[0][0]}, UNCONFIRMED (first run only)"
     if overall is not None and overall is not best:
         why += (f"; trial {overall.number} measured better but carries {', '.join(flags_of(overall))} "
                 f"and is not confirmed")
-    return ExportChoice(best, None, why)
+    return ExportChoice(best, None, why + pending_note)
 
 
 def unconfirmed_flagged(trial: TrialRecord, rows: Sequence[ConfirmationRecord], study: StudyRecord,

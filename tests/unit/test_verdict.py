@@ -149,3 +149,14 @@ def test_candidates_plan_and_seeds():
     order = [(r, t.number) for r, _, t in plan(base, [fp8, plain], 3)]
     assert order == [(0, 0), (0, 1), (0, 2), (1, 2), (1, 1), (1, 0), (2, 0), (2, 1), (2, 2)]
     assert len({round_seed(0, r) for r in range(3)}) == 3 and round_seed(0, 0) != 0
+
+
+def test_an_unfinished_confirmation_decides_nothing_yet():
+    s = _study()
+    base = _trial(0, "baseline", tps=100)
+    flagged = _trial(1, tps=200, flags=["client_saturated"])
+    rows = _rows(base, [(100, 20)]) + _rows(flagged, [(190, 20)])          # 1 of 3 rounds each (cut short)
+    choice = export_choice(s, [base, flagged], rows)
+    assert choice.trial is base and choice.confirmed is None               # the unflagged one, UNCONFIRMED
+    assert "UNCONFIRMED" in choice.why and "confirmation not finished" in choice.why
+    assert summarize_confirmations(s, [base, flagged], rows)[1].pending

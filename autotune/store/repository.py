@@ -105,19 +105,22 @@ class ResultStore:
             return rec
 
     # trials ----------------------------------------------------------------------------------------
-    def save_trial(self, study_id: int, number: int, **fields: Any) -> TrialRecord:
-        """Insert or update the evidence of one trial (a trial is written when it starts and when it ends)."""
+    def _upsert(self, model: type, key: dict[str, Any], fields: dict[str, Any]) -> Any:
+        """Insert the row with `key`, or update its `fields`, in one short transaction."""
         with self.session() as s:
-            rec = s.scalar(select(TrialRecord).where(TrialRecord.study_id == study_id,
-                                                     TrialRecord.number == number))
+            rec = s.scalar(select(model).filter_by(**key))
             if rec is None:
-                rec = TrialRecord(study_id=study_id, number=number, **fields)
+                rec = model(**key, **fields)
                 s.add(rec)
             else:
                 for k, v in fields.items():
                     setattr(rec, k, v)
             s.commit()
             return rec
+
+    def save_trial(self, study_id: int, number: int, **fields: Any) -> TrialRecord:
+        """Insert or update the evidence of one trial (a trial is written when it starts and when it ends)."""
+        return self._upsert(TrialRecord, {"study_id": study_id, "number": number}, fields)
 
     def trials(self, study_id: int) -> list[TrialRecord]:
         with self.session() as s:
@@ -145,17 +148,8 @@ class ResultStore:
     # confirmations ---------------------------------------------------------------------------------
     def save_confirmation(self, **fields: Any) -> ConfirmationRecord:
         """Insert or replace the repeat of one trial in one round."""
-        with self.session() as s:
-            rec = s.scalar(select(ConfirmationRecord).where(ConfirmationRecord.trial_id == fields["trial_id"],
-                                                            ConfirmationRecord.round == fields["round"]))
-            if rec is None:
-                rec = ConfirmationRecord(**fields)
-                s.add(rec)
-            else:
-                for k, v in fields.items():
-                    setattr(rec, k, v)
-            s.commit()
-            return rec
+        key = {"trial_id": fields.pop("trial_id"), "round": fields.pop("round")}
+        return self._upsert(ConfirmationRecord, key, fields)
 
     def confirmations(self, study_id: int) -> list[ConfirmationRecord]:
         with self.session() as s:

@@ -12,6 +12,7 @@ import yaml
 
 from autotune.flags import flags_to_mapping
 from autotune.store.models import StudyRecord, TrialRecord
+from autotune.tuner.verdict import flags_of
 
 
 def _quality_used(study: StudyRecord, trial: TrialRecord) -> list[str]:
@@ -75,7 +76,7 @@ def as_json(study: StudyRecord, trial: TrialRecord, verdict: Sequence[str] = ())
         "telemetry": trial.telemetry, "kv_cache_tokens": trial.kv_cache_tokens,
         "engine_version": trial.engine_version, "hardware": trial.hardware, "workload": trial.workload,
         "simulated": trial.simulated, "spec_hash": trial.spec_hash,
-        "measurement_flags": list(trial.measurement_flags or []), "verdict": list(verdict),
+        "measurement_flags": flags_of(trial), "verdict": list(verdict),
     }, indent=2, default=str) + "\n"
 
 

@@ -14,7 +14,7 @@ from autotune.report.confirmed import cell, confirmation_lines
 from autotune.store.models import StudyRecord, TrialRecord
 from autotune.store.queries import is_feasible, pareto_front
 from autotune.store.repository import ResultStore
-from autotune.tuner.verdict import confirmed_front, export_choice, summarize_confirmations
+from autotune.tuner.verdict import confirmed_front, export_choice, flags_of, summarize_confirmations
 
 
 def _fmt(v: Any) -> str:
@@ -64,7 +64,7 @@ def trial_rows(study: StudyRecord, trials: list[TrialRecord]) -> list[dict[str, 
             "capacity": (t.capacity or {}).get("capacity"),
             "kv_cache_tokens": t.kv_cache_tokens, "startup_seconds": t.startup_seconds,
             "telemetry": t.telemetry, "simulated": t.simulated, "engine_version": t.engine_version,
-            "measurement_flags": list(t.measurement_flags or []), "bracket": (t.capacity or {}).get("bracket"),
+            "measurement_flags": flags_of(t), "bracket": (t.capacity or {}).get("bracket"),
         })
     return rows
 

@@ -221,7 +221,17 @@ class ExportChoice:
 
 
 def flags_of(trial: TrialRecord) -> list[str]:
-    return list(trial.measurement_flags or [])
+    """The trial's measurement flags; for a trial stored before the column existed (NULL), read back from
+    the evidence it did store: its cause and its capacity search's note."""
+    if trial.measurement_flags is not None:
+        return list(trial.measurement_flags)
+    note = (trial.capacity or {}).get("note") or ""
+    out = []
+    if trial.cause == "client_saturated" or "client saturated" in note:
+        out.append("client_saturated")
+    if "prefix cache served random prompts" in note:
+        out.append("prefix_hits")
+    return out
 
 
 def export_choice(study: StudyRecord, trials: Sequence[TrialRecord],

@@ -28,3 +28,19 @@ def test_the_committed_h200_study_opens_and_gains_the_new_column(tmp_path: Path)
     choice = export_choice(study, trials, [])
     assert choice.trial is not None and "UNCONFIRMED" in choice.why
     assert add_missing_columns(store.engine) == []    # idempotent
+
+
+def test_every_committed_study_database_opens_with_show_and_export(tmp_path: Path) -> None:
+    from autotune.store.repository import ResultStore
+
+    dbs = sorted(OLD_DB.parent.rglob("*.db"))
+    assert len(dbs) >= 2
+    for i, src in enumerate(dbs):
+        db = tmp_path / f"{i}.db"
+        shutil.copy(src, db)
+        store = ResultStore(f"sqlite:///{db}", create=False)
+        for name in store.study_names():
+            study = store.resolve_study(name)
+            trials = store.trials(study.id)
+            choice = export_choice(study, trials, store.confirmations(study.id))
+            assert choice.why, (src, name)

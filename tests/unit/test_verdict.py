@@ -160,3 +160,16 @@ def test_an_unfinished_confirmation_decides_nothing_yet():
     assert choice.trial is base and choice.confirmed is None               # the unflagged one, UNCONFIRMED
     assert "UNCONFIRMED" in choice.why and "confirmation not finished" in choice.why
     assert summarize_confirmations(s, [base, flagged], rows)[1].pending
+
+
+def test_flags_of_a_trial_stored_before_the_column_are_read_from_its_evidence():
+    from autotune.tuner.verdict import flags_of
+    old = _trial(1)
+    old.measurement_flags = None
+    old.capacity = {"capacity": 8, "note": "client saturated in a step: its latencies are not trusted; the prefix "
+                                           "cache served random prompts at load 8: those steps' latencies are flattered"}
+    assert flags_of(old) == ["client_saturated", "prefix_hits"]
+    s = _study()
+    assert export_choice(s, [_trial(0, "baseline", tps=50), old], []).trial.number == 0
+    old.capacity = {"capacity": 8, "note": ""}
+    assert flags_of(old) == [] and flags_of(_trial(2, flags=["overlapped"])) == ["overlapped"]

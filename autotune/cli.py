@@ -50,6 +50,13 @@ def _build_parser() -> OneLineParser:
                      help="trials at once, each on its own GPUs and cores (default 1)")
     run.add_argument("--study-name", help="override the study's name")
     run.add_argument("--no-progress", action="store_true", help="plain log lines instead of the live display")
+    run.add_argument("--no-confirm", action="store_true", help="skip measuring the top candidates again at the end")
+
+    conf = sub.add_parser("confirm", help="measure the top candidates and the baseline again on fresh servers")
+    conf.add_argument("--storage", required=True)
+    conf.add_argument("--study-name")
+    conf.add_argument("--top", type=int, help="candidates to confirm (default: the spec's confirm.top_k)")
+    conf.add_argument("--repeats", type=int, help="rounds, at least 3 (default: the spec's confirm.repeats)")
 
     show = sub.add_parser("show", help="trials, causes, metrics and the Pareto front of a study")
     show.add_argument("--storage", required=True)
@@ -102,6 +109,9 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "run":
         from autotune.tuner.command import run_command
         return run_command(args)
+    if args.command == "confirm":
+        from autotune.tuner.confirm_command import confirm_command
+        return confirm_command(args)
     if args.command == "show":
         from autotune.report.show import show_command
         return show_command(args)

@@ -85,12 +85,26 @@ class LoadSpec(_Strict):
     rate: float | None = Field(None, gt=0)
     num_requests: int = Field(64, ge=1)
     endpoint: Literal["completions", "chat"] = "completions"
+    # steady steps (bench/capacity.py): counted closed-loop waves after the first, or seconds at a rate
+    min_waves: int = Field(3, ge=0, le=50)
+    min_step_s: float | None = Field(None, gt=0)
+    max_bracket: float = Field(0.25, gt=0)       # refine, then flag `wide_bracket`, above this width
+    refine_steps: int = Field(2, ge=0, le=10)
 
     @model_validator(mode="after")
     def _fixed_needs_load(self) -> "LoadSpec":
         if self.mode == "fixed" and self.concurrency is None and self.rate is None:
             self.concurrency = 8
         return self
+
+
+class ConfirmSpec(_Strict):
+    """Confirmation at the end of a study (tuner/confirm.py): the top `top_k` candidates and the baseline
+    measured again `repeats` times on fresh servers, interleaved."""
+
+    enabled: bool = True
+    top_k: int = Field(2, ge=1, le=8)
+    repeats: int = Field(3, ge=3, le=20)
 
 
 class TelemetrySpec(_Strict):
@@ -125,6 +139,7 @@ class StudySpec(_Strict):
     load: LoadSpec = Field(default_factory=LoadSpec)
     telemetry: TelemetrySpec = Field(default_factory=TelemetrySpec)
     budget: BudgetSpec = Field(default_factory=BudgetSpec)
+    confirm: ConfirmSpec = Field(default_factory=ConfirmSpec)
     storage: str | None = None
     baseline: dict[str, Any] | None = None
     enqueue: list[dict[str, Any]] = Field(default_factory=list)   # candidates to run right after the baseline
@@ -182,7 +197,7 @@ class StudySpec(_Strict):
 
     def identity_hash(self) -> str:
         """What the trials were measured under (budget and storage are not part of it)."""
-        body = self.model_dump(exclude={"budget", "storage", "name", "enqueue", "exclusive"})
+        body = self.model_dump(exclude={"budget", "storage", "name", "enqueue", "exclusive", "confirm"})
         body["engine"].pop("env", None)  # environment may carry secrets and does not change the landscape
         return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -298,6 +313,8 @@ objectives: [capacity_tps, p50_tpot_ms]
 load: {mode: capacity, search: concurrency, max_steps: 6, requests_per_step: 200, warmup: 16}
 telemetry: {source: auto, hz: 10, headroom_margin: 0.05, require_headroom: false}
 budget: {n_trials: 30, timeout: 8h}
+# the top candidates and the baseline measured again on fresh servers before the study ends (--no-confirm skips)
+confirm: {enabled: true, top_k: 2, repeats: 3}
 # storage: sqlite:///studies/my-study.db   (default: sqlite:///studies/<name>.db)
 # baseline: {gpu_memory_utilization: 0.8}  (only when vLLM's defaults cannot start on this host)
 """

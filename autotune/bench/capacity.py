@@ -8,6 +8,13 @@ the secant (regula falsi) picks the next load, kept away from the bracket's ends
 cannot stall it on one side. A step that clearly breaks the SLO is cut short (abort.py). The prefix
 cache is reset before each step (retried until the server has freed a cut-short step's requests) and
 every step draws its own prompts, so one step's cache hits cannot flatter the next.
+
+Steady steps: a closed-loop step counts at least `min_waves` waves (requests >= waves x concurrency)
+after its first wave, which is sent under the same load but kept out of the figures (its requests leave
+together and queue their prefills, so it measures the start, not the server; it is reported apart). An
+open-loop step lasts at least `min_step_s` at its rate. The result carries its bracket (highest load
+met, lowest broken); a bracket wider than `max_bracket` (relative to its lower end) gets up to
+`refine_steps` extra steps, and one still wide is flagged `wide_bracket`.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from typing import Any, Callable
 
 import aiohttp
 
+from autotune.bench import measurement_flags as mflags
 from autotune.bench.metrics import slo_margins
 from autotune.bench.results import CapacityResult, LoadStep, Measurement
 from autotune.bench.runner import run_load
@@ -35,6 +43,9 @@ GUARD = 0.1                # fraction of the bracket kept clear at each end
 RESET_WAIT_S = 60.0        # how long a refused prefix-cache reset is retried (cancelled requests draining)
 RESET_RETRY_S = 0.5
 STEP_SEED_STRIDE = 1_000_003   # each step draws its own prompts: a failed reset cannot replay a step's prompts
+DEFAULT_WAVES = 3          # counted closed-loop waves per step: one wave's latencies are one sample of a queue
+DEFAULT_MAX_BRACKET = 0.25 # a capacity known only within +-25 % cannot rank configs that differ by 5 %
+DEFAULT_REFINE_STEPS = 2   # extra steps a wide bracket may spend before the trial is flagged instead
 
 
 def relative_margin(step: LoadStep, slo: SLO) -> float:
@@ -83,9 +94,12 @@ class _Search:
     def __init__(self, integer: bool, upper: float, tolerance: float) -> None:
         self.integer, self.upper, self.tolerance = integer, upper, tolerance
         self.points: list[tuple[float, float, bool]] = []   # (load, relative margin, met)
+        self.cut: set[float] = set()    # loads whose step was cut short: their margin is a lower bound
 
-    def add(self, load: float, margin: float, met: bool) -> None:
+    def add(self, load: float, margin: float, met: bool, cut_short: bool = False) -> None:
         self.points.append((load, margin, met))
+        if cut_short:
+            self.cut.add(load)
 
     def bracket(self) -> tuple[tuple[float, float] | None, tuple[float, float] | None]:
         fails = [(x, m) for x, m, ok in self.points if not ok]
@@ -118,7 +132,11 @@ class _Search:
     def _inside(self, lo: tuple[float, float], hi: tuple[float, float]) -> float:
         """Latency rises convexly with load, so the chord from the passing end to the failing end crosses
         the limit below the truth, and the line through the two highest passing loads crosses above it:
-        aim between the two."""
+        aim between the two. A failing end that was cut short knows only its first, fastest requests:
+        its margin understates the overload and a chord through it lands next to it (seen on the CPU
+        build: 96, 83, 76, 70, each cut short), so there the bracket is halved on the log scale."""
+        if hi[0] in self.cut and lo[0] > 0:
+            return math.sqrt(lo[0] * hi[0])
         chord = lo[0] + (hi[0] - lo[0]) * (-lo[1]) / (hi[1] - lo[1]) if hi[1] > lo[1] else (lo[0] + hi[0]) / 2
         below = sorted((x, m) for x, m, ok in self.points if ok and x <= lo[0])
         if len(below) >= 2:
@@ -157,15 +175,21 @@ async def find_capacity(base_url: str, model: str, workload: Workload, slo: SLO,
                         max_steps: int = 6, requests_per_step: int = 200, warmup: int = 16, seed: int = 0,
                         tokenizer: str | None = None, start: float | None = None, upper: float | None = None,
                         on_step: Callable[[LoadStep], None] | None = None, endpoint: str = "completions",
-                        tolerance: float = DEFAULT_TOLERANCE, timeout_s: float = 600) -> CapacityResult:
+                        tolerance: float = DEFAULT_TOLERANCE, timeout_s: float = 600,
+                        min_waves: int = DEFAULT_WAVES, min_step_s: float | None = None,
+                        max_bracket: float = DEFAULT_MAX_BRACKET,
+                        refine_steps: int = DEFAULT_REFINE_STEPS) -> CapacityResult:
     """Highest concurrency (`search="concurrency"`, closed loop) or request rate (`"rate"`, Poisson) at
-    which every term of `slo` holds, within `max_steps` load steps (the probe counts as one)."""
+    which every term of `slo` holds, within `max_steps` load steps (the probe counts as one) plus up to
+    `refine_steps` while the bracket is wider than `max_bracket`."""
     if search not in ("concurrency", "rate"):
         raise UserError(f"capacity search is by 'concurrency' or 'rate', not {search!r}")
     if max_steps < 2:
         raise UserError("a capacity search needs max_steps >= 2")
     if requests_per_step < 1:
         raise UserError("requests_per_step must be >= 1")
+    if min_waves < 0 or refine_steps < 0 or not max_bracket > 0:
+        raise UserError("min_waves and refine_steps must be >= 0 and max_bracket > 0")
     integer = search == "concurrency"
     searcher = _Search(integer, upper if upper is not None else (1024 if integer else math.inf), tolerance)
     steps: list[LoadStep] = []
@@ -176,10 +200,10 @@ async def find_capacity(base_url: str, model: str, workload: Workload, slo: SLO,
     async def step(load: float, probe: bool) -> LoadStep:
         nonlocal cache_reset
         cache_reset = await reset_prefix_cache(base_url) and cache_reset
-        n = min(requests_per_step, PROBE_REQUESTS) if probe else requests_per_step
+        n, settle = step_requests(load, probe, integer, requests_per_step, min_waves, min_step_s)
         seed_i = seed + STEP_SEED_STRIDE * len(steps)
         if probe or integer:
-            m = await run_load(base_url, model, workload, concurrency=int(load), num_requests=n,
+            m = await run_load(base_url, model, workload, concurrency=int(load), num_requests=n, settle=settle,
                                warmup=min(warmup, 4) if probe else warmup, seed=seed_i, **common)
         else:
             m = await run_load(base_url, model, workload, rate=load, num_requests=n, warmup=warmup, seed=seed_i,
@@ -189,7 +213,7 @@ async def find_capacity(base_url: str, model: str, workload: Workload, slo: SLO,
         s = LoadStep(load=load, measurement=m, slo_met=False)
         margin = relative_margin(s, slo)
         s.slo_met = margin <= 0 and not m.aborted_early
-        searcher.add(load, margin, s.slo_met)
+        searcher.add(load, margin, s.slo_met, cut_short=m.aborted_early)
         steps.append(s)
         if on_step is not None:
             on_step(s)
@@ -202,19 +226,64 @@ async def find_capacity(base_url: str, model: str, workload: Workload, slo: SLO,
         if nxt is None:
             break
         await step(nxt, probe=False)
-    lo, _ = searcher.bracket()
+    refined = 0
+    while refined < refine_steps and is_wide(searcher.bracket(), integer, searcher.upper, max_bracket):
+        nxt = searcher.next_load(final=refined == refine_steps - 1)
+        if nxt is None:
+            break
+        await step(nxt, probe=False)
+        refined += 1
+    lo, hi = searcher.bracket()
     best = _step_at(steps, lo[0]) if lo else None
-    notes = []
+    notes, flags = [], []
     if any(s.measurement.client.saturated for s in steps):
         notes.append("client saturated in a step: its latencies are not trusted")
-    flattered = [s.load for s in steps if (s.measurement.metrics.get("prefix_cache_hit_pct") or 0.0) > 1.0]
-    if flattered and workload.kind == "random":
+        flags.append(mflags.CLIENT_SATURATED)
+    flattered = [s.load for s in steps
+                 if mflags.prefix_flattered(s.measurement.metrics.get("prefix_cache_hit_pct"), workload.kind)]
+    if flattered:
         notes.append("the prefix cache served random prompts at load " + ", ".join(f"{x:g}" for x in flattered)
                      + ": those steps' latencies are flattered")
+        flags.append(mflags.PREFIX_HITS)
+    if is_wide((lo, hi), integer, searcher.upper, max_bracket):
+        flags.append(mflags.WIDE_BRACKET)
+        notes.append(f"wide bracket: met at {lo[0]:g}, " + (f"broke at {hi[0]:g}" if hi else "never broke")
+                     + f" (wider than {max_bracket:.0%} after {refined} extra step(s)): the capacity is a lower bound")
     if best is not None and best.measurement.load.get("num_requests", 0) < requests_per_step:
         notes.append("capacity measured by the single-stream probe only")
     return CapacityResult(mode=search, capacity=lo[0] if lo else None, at_capacity=best.measurement if best else None,
-                          steps=steps, cache_reset=cache_reset, note="; ".join(notes))
+                          steps=steps, cache_reset=cache_reset, note="; ".join(notes),
+                          bracket=(lo[0] if lo else None, hi[0] if hi else None), flags=mflags.merge(flags))
+
+
+def step_requests(load: float, probe: bool, integer: bool, requests_per_step: int, min_waves: int,
+                  min_step_s: float | None) -> tuple[int, int]:
+    """(counted requests, first-wave requests) of one step. A closed loop at concurrency c counts at
+    least `min_waves` x c requests after a first wave of c; an open loop at rate r counts at least
+    r x `min_step_s` (its arrivals are spread already, there is no synchronized burst to drop)."""
+    if probe:
+        return min(requests_per_step, PROBE_REQUESTS), 0
+    if integer:
+        c = int(load)
+        return max(requests_per_step, min_waves * c), (c if c > 1 and min_waves > 0 else 0)
+    if min_step_s:
+        return max(requests_per_step, math.ceil(load * min_step_s)), 0
+    return requests_per_step, 0
+
+
+def is_wide(bracket: tuple[tuple[float, float] | None, tuple[float, float] | None], integer: bool,
+            upper: float, max_bracket: float) -> bool:
+    """Whether the highest met and lowest broken load are further apart than `max_bracket` of the lower
+    one. A search that never broke the SLO below its cap knows only a lower bound: wide. Adjacent
+    integers are as narrow as a concurrency bracket gets."""
+    lo, hi = bracket
+    if lo is None:
+        return False
+    if hi is None:
+        return lo[0] < upper
+    if integer and hi[0] - lo[0] <= 1:
+        return False
+    return (hi[0] - lo[0]) / lo[0] > max_bracket
 
 
 def _step_at(steps: list[LoadStep], load: float) -> LoadStep | None:

@@ -12,7 +12,8 @@ import math
 import sys
 from urllib.parse import urlparse
 
-from autotune.bench.capacity import find_capacity
+from autotune.bench import measurement_flags as mflags
+from autotune.bench.capacity import find_capacity, reset_prefix_cache
 from autotune.bench.report import format_capacity, format_measurement, write_json
 from autotune.bench.runner import run_load
 from autotune.bench.workloads import parse_workload
@@ -92,10 +93,19 @@ def _run(args) -> int:  # type: ignore[no-untyped-def]
         return 0
     if args.concurrency is None and rate is None:
         raise UserError("give a load: --concurrency N (closed loop) or --rate R (open loop)")
+    # Two runs with the same seed replay the same prompts: without a reset the second one's TTFT is a
+    # cache hit, not a prefill. vLLM resets only in dev mode (VLLM_SERVER_DEV_MODE=1); elsewhere the
+    # hit share below still names a flattered run.
+    reset = asyncio.run(reset_prefix_cache(args.url, wait_s=10))
     m = asyncio.run(run_load(args.url, args.model, workload, concurrency=args.concurrency, rate=rate,
                              burstiness=args.burstiness, num_requests=args.num_requests, duration_s=args.duration,
                              warmup=args.warmup or 0, slo=slo, seed=args.seed, endpoint=args.endpoint,
                              tokenizer=args.tokenizer, timeout_s=args.timeout))
+    m.load["cache_reset"] = reset
+    if mflags.prefix_flattered(m.metrics.get("prefix_cache_hit_pct"), workload.kind):
+        m.flags = mflags.merge(m.flags, [mflags.PREFIX_HITS])
+    if m.client.saturated:
+        m.flags = mflags.merge(m.flags, [mflags.CLIENT_SATURATED])
     print(format_measurement(m))
     if args.json:
         out = m.to_json(with_records=True)

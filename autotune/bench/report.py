@@ -55,6 +55,15 @@ def format_measurement(m: Measurement, title: str = "Serving Benchmark Result") 
     c = m.client
     lines.append(("CLIENT SATURATED, latencies not trusted: " if c.saturated else "client: ") + c.note
                  + (f"; CPU {c.cpu_pct:.0f}% of a core" if c.cpu_pct is not None else ""))
+    if "prefix_hits" in m.flags:
+        lines.append(f"FLATTERED: the prefix cache served {x.get('prefix_cache_hit_pct', 0):.1f} % of the prompt "
+                     f"tokens of prompts meant to be new: TTFT and throughput are better than a fresh load would get"
+                     + ("" if m.load.get("cache_reset", True) else
+                        " (the cache could not be reset: start vLLM with VLLM_SERVER_DEV_MODE=1)"))
+    wave = m.first_wave_summary()
+    if wave is not None:
+        lines.append(f"first wave (not in the figures): {wave['requests']} requests, median TTFT "
+                     f"{wave.get('median_ttft_ms', math.nan):.1f} ms, p99 TTFT {wave.get('p99_ttft_ms', math.nan):.1f} ms")
     return "\n".join(lines)
 
 
@@ -67,6 +76,11 @@ def format_capacity(r: CapacityResult) -> str:
                      f"p50 TTFT {x.get('median_ttft_ms', math.nan):.1f} ms  p50 TPOT {x.get('median_tpot_ms', math.nan):.2f} ms"
                      + ("  (aborted early)" if s.measurement.aborted_early else ""))
     lines.append(_row("Capacity:", "none (SLO broken at the lowest load)" if r.capacity is None else f"{r.capacity:g}"))
+    lo, hi = r.bracket
+    if lo is not None:
+        lines.append(_row("Bracket (met .. broke):", f"{lo:g} .. {'-' if hi is None else f'{hi:g}'}"))
+    if r.flags:
+        lines.append("measurement flags: " + ", ".join(r.flags))
     if not r.cache_reset:
         lines.append("cache not reset: the server has no /reset_prefix_cache (start vLLM with VLLM_SERVER_DEV_MODE=1)")
     if r.note:

@@ -48,10 +48,22 @@ class Measurement:
     client: ClientHealth = field(default_factory=ClientHealth)
     load: dict[str, Any] = field(default_factory=dict)   # what was offered: mode, concurrency/rate, n, seed
     aborted_early: bool = False
+    first_wave: list[RequestRecord] = field(default_factory=list)   # sent under load, kept out of the figures
+    flags: list[str] = field(default_factory=list)   # measurement flags (DESIGN.md): figures not to trust alone
+
+    def first_wave_summary(self) -> dict[str, Any] | None:
+        """The synchronized first burst, reported apart from the figures it was kept out of."""
+        if not self.first_wave:
+            return None
+        from autotune.bench.metrics import summarize
+        x = summarize(self.first_wave, 1.0)
+        return {"requests": len(self.first_wave), "failed": int(x["failed"]),
+                **{k: x[k] for k in ("median_ttft_ms", "p99_ttft_ms", "median_tpot_ms") if k in x}}
 
     def to_json(self, with_records: bool = True) -> dict[str, Any]:
         out: dict[str, Any] = {**self.metrics, "load": self.load, "client": asdict(self.client),
-                               "aborted_early": self.aborted_early}
+                               "aborted_early": self.aborted_early, "measurement_flags": list(self.flags),
+                               "first_wave": self.first_wave_summary()}
         if with_records:
             out["requests"] = [asdict(r) for r in self.records]
         return out
@@ -76,10 +88,18 @@ class CapacityResult:
     steps: list[LoadStep] = field(default_factory=list)
     cache_reset: bool = True   # False when the server had no /reset_prefix_cache (404)
     note: str = ""             # caveats a person should read beside the number (client saturated, ...)
+    bracket: tuple[float | None, float | None] = (None, None)   # (highest load met, lowest load broken)
+    flags: list[str] = field(default_factory=list)   # measurement flags: client_saturated, prefix_hits, wide_bracket
 
     def to_json(self, with_records: bool = False) -> dict[str, Any]:
-        return {"mode": self.mode, "capacity": self.capacity, "cache_reset": self.cache_reset, "note": self.note,
-                "steps": [{"load": s.load, "slo_met": s.slo_met, "aborted_early": s.measurement.aborted_early,
-                           **{k: v for k, v in s.measurement.to_json(with_records=False).items()}}
-                          for s in self.steps],
+        # Each step's numeric `load` is the step's own; what the measurement offered (its load record)
+        # is kept under `offered`, so the one never overwrites the other.
+        steps = []
+        for s in self.steps:
+            body = s.measurement.to_json(with_records=False)
+            body["offered"] = body.pop("load")
+            steps.append({**body, "load": s.load, "slo_met": s.slo_met})
+        return {"mode": self.mode, "capacity": self.capacity, "bracket": list(self.bracket),
+                "measurement_flags": list(self.flags), "cache_reset": self.cache_reset, "note": self.note,
+                "steps": steps,
                 "at_capacity": None if self.at_capacity is None else self.at_capacity.to_json(with_records)}

@@ -60,24 +60,31 @@ async def run_load(base_url: str, model: str, workload: Workload, *, concurrency
                    rate: float | None = None, burstiness: float = 1.0, num_requests: int | None = None,
                    duration_s: float | None = None, warmup: int = 0, slo: SLO | None = None, seed: int = 0,
                    endpoint: str = "completions", tokenizer: str | None = None, timeout_s: float = 600,
-                   abort_on_slo: bool = False) -> Measurement:
+                   abort_on_slo: bool = False, settle: int = 0) -> Measurement:
     """Measure one load level. `concurrency` alone: closed loop; `rate` (req/s, may be inf): open loop,
     Poisson or gamma by `burstiness`, capped at `concurrency` if both are given. Bounded by
     `num_requests` (default 200) or `duration_s`. `abort_on_slo` ends the run once `slo` is clearly lost
-    (capacity search); in-flight requests are then cancelled and not counted."""
+    (capacity search); in-flight requests are then cancelled and not counted.
+
+    `settle` requests are sent first under the same load but kept out of the figures: a closed loop's
+    first wave leaves together and queues its prefills behind each other, which measures the start, not
+    the server. They are summarized on their own (`Measurement.first_wave`); the figures then run from
+    the first counted request's dispatch, and `num_requests` counts only counted requests."""
     if num_requests is not None and num_requests < 1:
         raise UserError(f"num_requests must be >= 1, got {num_requests}")
     if duration_s is not None and not duration_s > 0:
         raise UserError(f"duration must be > 0 s, got {duration_s}")
     if warmup < 0:
         raise UserError(f"warmup must be >= 0, got {warmup}")
+    if settle < 0:
+        raise UserError(f"settle must be >= 0, got {settle}")
     if num_requests is None and duration_s is None:
         num_requests = DEFAULT_NUM_REQUESTS
-    arrivals = _arrivals(concurrency, rate, burstiness, seed, num_requests)
+    arrivals = _arrivals(concurrency, rate, burstiness, seed, num_requests + settle if num_requests else None)
     tok = load_tokenizer(tokenizer, model)
     stream = workload.iter_prompts(seed, tok)
     warm = list(islice(stream, warmup))
-    measured: Iterator[Prompt] = iter(list(islice(stream, num_requests))) if num_requests else stream
+    measured: Iterator[Prompt] = iter(list(islice(stream, num_requests + settle))) if num_requests else stream
 
     async with StreamClient(base_url, model, endpoint=endpoint, timeout_s=timeout_s, tokenizer=tok) as client:
         await check_server(client)
@@ -94,7 +101,7 @@ async def run_load(base_url: str, model: str, workload: Workload, *, concurrency
         return await _measure(client, arrivals, measured, num_requests, duration_s, slo, abort_on_slo,
                               concurrency, {"warmup": warmup, "seed": seed, "workload": workload.params(),
                                             "endpoint": endpoint, "num_requests": num_requests,
-                                            "duration_s": duration_s})
+                                            "duration_s": duration_s, "settle": settle}, settle)
 
 
 async def prefix_counters(client: StreamClient) -> VllmReading | None:
@@ -125,8 +132,10 @@ def prefix_hit_pct(before: VllmReading | None, after: VllmReading | None) -> flo
 
 async def _measure(client: StreamClient, arrivals: Arrivals, prompts: Iterator[Prompt], num_requests: int | None,
                    duration_s: float | None, slo: SLO | None, abort_on_slo: bool, concurrency: int | None,
-                   load: dict) -> Measurement:
+                   load: dict, settle: int = 0) -> Measurement:
     records: list[RequestRecord] = []
+    first_wave: list[RequestRecord] = []
+    dispatched = [0]
     live: dict[int, Live] = {}
     stop = asyncio.Event()
     aborter = None
@@ -144,6 +153,10 @@ async def _measure(client: StreamClient, arrivals: Arrivals, prompts: Iterator[P
 
     async def send(p: Prompt) -> None:
         slot = Live(time.perf_counter())
+        dispatched[0] += 1
+        if dispatched[0] <= settle:       # the first wave: sent under load, summarized apart
+            first_wave.append(await client.request(p, slot))
+            return
         key = id(slot)
         live[key] = slot
         try:
@@ -181,19 +194,25 @@ async def _measure(client: StreamClient, arrivals: Arrivals, prompts: Iterator[P
     await monitor.stop()
     health = monitor.health()
     sim = client.sim_span  # on the simulator, the run's length in simulated seconds
-    metrics = summarize(records, (sim[1] - sim[0]) if sim else t1 - t0, slo)
+    t_count = min((r.start_s for r in records), default=t0) if first_wave else t0
+    if sim:
+        duration = (sim[1] - sim[0]) * ((t1 - t_count) / max(t1 - t0, 1e-9))
+    else:
+        duration = t1 - t_count
+    metrics = summarize(records, duration, slo)
     desc = arrivals.describe()
     if desc.get("request_rate") is not None and not math.isinf(float(desc["request_rate"] or 0)):
         metrics["request_rate"] = float(desc["request_rate"] or 0)
     if desc.get("concurrency") is not None:
         metrics["concurrency"] = float(desc["concurrency"] or 0)
-    steady = None if sim else steady_output_throughput(records, t0)   # simulated times are not wall times
+    # the fully-loaded window starts where the counted requests do; first-wave stragglers' tokens in it count
+    steady = None if sim else steady_output_throughput([*first_wave, *records], t_count)   # sim: not wall times
     if steady is not None:
         metrics["steady_output_throughput"] = steady
     hit_pct = prefix_hit_pct(before, await prefix_counters(client))
     if hit_pct is not None:
         metrics["prefix_cache_hit_pct"] = hit_pct
-    return Measurement(metrics=metrics, records=records, client=health,
+    return Measurement(metrics=metrics, records=records, client=health, first_wave=first_wave,
                        load={**desc, **load, "t0_monotonic": t0, "cancelled": cancelled if reason else 0,
                              "abort_reason": reason[0] if reason else None},
                        aborted_early=bool(reason))

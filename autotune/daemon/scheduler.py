@@ -140,6 +140,8 @@ class Scheduler:
                 while self._entries:
                     with signals.critical():
                         self._tick(leasing=True)
+                    for e in self._finished_entries():
+                        self._close(e)
                     if self._entries:
                         self._wait(self.poll_s)
             except Interrupted as e:
@@ -158,6 +160,8 @@ class Scheduler:
         rest are interrupted (re-queued). Drivers that are done are closed; the daemon adds new ones."""
         while not stop.is_set():
             self._tick(leasing=True)
+            for e in self._finished_entries():
+                self._close(e)
             stop.wait(self.poll_s)
         for e in self._entries:
             if e.pending is not None:
@@ -196,9 +200,13 @@ class Scheduler:
             self._check_lost()
         if leasing:
             self._launch()
-        for e in list(self._entries):
-            if e.pending is None and e.driver.done() and not self._has_workers(e):
-                self._close(e)
+
+    def _finished_entries(self) -> list[_Entry]:
+        """Studies with nothing pending or running that are done. Closing one may run its after-budget
+        steps (the confirmation: minutes), so it happens outside the critical section, where a signal
+        or the deadline can still interrupt it."""
+        return [e for e in list(self._entries)
+                if e.pending is None and e.driver.done() and not self._has_workers(e)]
 
     def _has_workers(self, e: _Entry) -> bool:
         return any(w.entry is e for w in self._workers.values())

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import json
 import shlex
-from typing import Any
+from typing import Any, Sequence
 
 import yaml
 
 from autotune.flags import flags_to_mapping
 from autotune.store.models import StudyRecord, TrialRecord
+from autotune.tuner.verdict import flags_of
 
 
 def _quality_used(study: StudyRecord, trial: TrialRecord) -> list[str]:
@@ -39,11 +40,13 @@ def _scalar(value: Any) -> Any:
     return value
 
 
-def vllm_yaml(study: StudyRecord, trial: TrialRecord) -> str:
+def vllm_yaml(study: StudyRecord, trial: TrialRecord, verdict: Sequence[str] = ()) -> str:
+    """`verdict`: the confirmation and gain lines (report/confirmed.py's export_header), as comments."""
     head = [f"# autotune: study {study.name}, trial {trial.number} ({trial.role}), SLO {study.slo}"]
     objectives = ", ".join(f"{k}={v:.4g}" for k, v in (trial.objectives or {}).items())
     if objectives:
-        head.append(f"# measured: {objectives}" + (" (SIMULATED)" if trial.simulated else ""))
+        head.append(f"# measured (first run): {objectives}" + (" (SIMULATED)" if trial.simulated else ""))
+    head += [f"# {line}" for line in verdict]
     quality = _quality_used(study, trial)
     if quality:
         head.append(f"# WARNING: changes output quality: {', '.join(quality)} - validate accuracy before deploying")
@@ -51,7 +54,7 @@ def vllm_yaml(study: StudyRecord, trial: TrialRecord) -> str:
     return "\n".join(head) + "\n" + yaml.safe_dump(config_mapping(study, trial), sort_keys=False)
 
 
-def serve_command(study: StudyRecord, trial: TrialRecord) -> str:
+def serve_command(study: StudyRecord, trial: TrialRecord, verdict: Sequence[str] = ()) -> str:
     cmd = list(study.engine_command) if study.engine_kind == "vllm" else ["vllm", "serve"]
     if cmd[-1] == "serve":
         cmd.append(study.model)
@@ -61,10 +64,10 @@ def serve_command(study: StudyRecord, trial: TrialRecord) -> str:
     text = " ".join(shlex.quote(c) for c in cmd)
     quality = _quality_used(study, trial)
     note = f"# WARNING: changes output quality: {', '.join(quality)}\n" if quality else ""
-    return note + text + "\n"
+    return "".join(f"# {line}\n" for line in verdict) + note + text + "\n"
 
 
-def as_json(study: StudyRecord, trial: TrialRecord) -> str:
+def as_json(study: StudyRecord, trial: TrialRecord, verdict: Sequence[str] = ()) -> str:
     return json.dumps({
         "study": study.name, "trial": trial.number, "role": trial.role, "model": study.model,
         "slo": study.slo, "objectives": trial.objectives, "constraints": trial.constraints,
@@ -73,6 +76,7 @@ def as_json(study: StudyRecord, trial: TrialRecord) -> str:
         "telemetry": trial.telemetry, "kv_cache_tokens": trial.kv_cache_tokens,
         "engine_version": trial.engine_version, "hardware": trial.hardware, "workload": trial.workload,
         "simulated": trial.simulated, "spec_hash": trial.spec_hash,
+        "measurement_flags": flags_of(trial), "verdict": list(verdict),
     }, indent=2, default=str) + "\n"
 
 

@@ -11,10 +11,12 @@ from rich.console import Console
 from rich.table import Table
 
 from autotune.daemon.pool import format_cpulist
+from autotune.report.confirmed import cell, confirmation_lines
 from autotune.store.models import StudyRecord, TrialRecord
-from autotune.store.queries import best_trial, is_feasible, pareto_front
+from autotune.store.queries import is_feasible, pareto_front
 from autotune.store.repository import ResultStore
 from autotune.store.urls import mask_url
+from autotune.tuner.verdict import confirmed_front, export_choice, flags_of, summarize_confirmations
 
 
 def _fmt(v: Any) -> str:
@@ -77,7 +79,7 @@ def trial_rows(study: StudyRecord, trials: list[TrialRecord]) -> list[dict[str, 
             "kv_cache_tokens": t.kv_cache_tokens, "startup_seconds": t.startup_seconds,
             "telemetry": t.telemetry, "simulated": t.simulated, "engine_version": t.engine_version,
             "host": t.host, "lease": t.lease, "overlapped": t.overlapped or [],
-            "measurement_flags": t.measurement_flags or [],
+            "measurement_flags": flags_of(t), "bracket": (t.capacity or {}).get("bracket"),
         })
     return rows
 
@@ -86,14 +88,20 @@ def show_command(args: argparse.Namespace) -> int:
     store = ResultStore(args.storage, create=False)
     study = store.resolve_study(args.study_name)
     trials = store.trials(study.id)
-    front = pareto_front(study, trials)
-    best = best_trial(study, trials)
+    rows_c = store.confirmations(study.id)
+    confirmed = summarize_confirmations(study, trials, rows_c)
+    choice = export_choice(study, trials, rows_c)
+    # once confirmed, the front is the survivors' confirmed medians; before, the first runs'
+    front = ([c.trial for c in confirmed_front(study, confirmed)] if confirmed else pareto_front(study, trials))
     rows = trial_rows(study, trials)
     if args.json:
         print(json.dumps({"study": study.name, "model": study.model, "slo": study.slo,
                           "objectives": study.objectives, "trials": rows,
-                          "pareto_front": [t.number for t in front],
-                          "best": best.number if best else None}, indent=2, default=str))
+                          "confirmations": {str(n): c.to_json() for n, c in sorted(confirmed.items())},
+                          "pareto_front": [t.number for t in front], "pareto_front_confirmed": bool(confirmed),
+                          "best": choice.trial.number if choice.trial else None,
+                          "best_confirmed": choice.confirmed is not None, "best_why": choice.why},
+                         indent=2, default=str))
         return 0
     console = Console(width=160)
     names = [o for o, _ in study.objectives]
@@ -106,27 +114,38 @@ def show_command(args: argparse.Namespace) -> int:
         and not (objective == "output_tps" and "capacity_tps" in names)]
     table = Table(show_lines=False)
     for col in ("#", "role", "state", "cause", "params", *names, *[e[0] for e in extra], "load", "KV tokens",
-                "start s"):
+                "start s", f"confirmed {names[0]}", "flags"):
         table.add_column(col, overflow="fold")
     for t, r in zip(trials, rows):
         table.add_row(str(t.number), t.role, t.state + (" *" if t in front else ""), t.cause or "",
                       compact_params(t), *[_fmt(r["objectives"].get(n)) for n in names],
                       *[_fmt(r[key]) for _, key in extra], _fmt(r["capacity"]), _fmt(t.kv_cache_tokens),
-                      _fmt(t.startup_seconds))
+                      _fmt(t.startup_seconds), cell(study, confirmed.get(t.number)),
+                      " ".join(r["measurement_flags"]))
     console.print(table)
-    console.print("state * = on the Pareto front; load = highest load meeting the SLO (concurrency or req/s)")
+    console.print("state * = on the Pareto front; load = highest load meeting the SLO (concurrency or req/s); "
+                  "objective columns = each trial's first run; confirmed = median of repeats ±half their spread "
+                  "(OUT: left the front); flags = measurement flags (never exported unconfirmed)",
+                  markup=False, highlight=False)
     for t in trials:
         line = _telemetry_line(study, t)
         why = t.detail if (t.state != "ok" or t.cause) and t.detail else ""
         note = (t.capacity or {}).get("note") or ""
         placed = placement_line(t) if any(r.overlapped for r in trials) else ""
         if line or why or note or placed:
-            console.print(f"  trial {t.number}: " + "; ".join(x for x in (why, line, note, placed) if x))
+            console.print(f"  trial {t.number}: " + "; ".join(x for x in (why, line, note, placed) if x),
+                          markup=False, highlight=False)
+    for line in confirmation_lines(study, trials, confirmed):
+        console.print(line, markup=False, highlight=False)
     if front:
-        console.print("[bold]Pareto front[/] (feasible, non-dominated; * above): " + ", ".join(
-            f"#{t.number} (" + ", ".join(f"{n}={_fmt(t.objectives[n])}" for n in names) + ")" for t in front))
-    if best is not None:
-        console.print(f"best on {names[0]}: trial {best.number}: {' '.join(best.flags) or '(defaults)'}")
+        values = {c.trial.number: c.medians for c in confirmed.values()} if confirmed else {}
+        console.print(("[bold]Pareto front, confirmed medians[/]" if confirmed else
+                       "[bold]Pareto front, first runs (unconfirmed)[/]") + " (feasible, non-dominated; * above): "
+                      + ", ".join(f"#{t.number} (" + ", ".join(
+                          f"{n}={_fmt(values.get(t.number, t.objectives)[n])}" for n in names) + ")" for t in front))
+    if choice.trial is not None:
+        console.print(f"export: {choice.why}: {' '.join(choice.trial.flags) or '(defaults)'}",
+                      markup=False, highlight=False)
     else:
-        console.print("no feasible trial yet")
+        console.print(f"export: nothing: {choice.why}", markup=False, highlight=False)
     return 0

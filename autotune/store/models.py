@@ -85,6 +85,33 @@ class TrialRecord(Base):
     identity: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)     # gpu model, engine, spec
 
 
+class ConfirmationRecord(Base):
+    """One repeat of a trial's configuration on a fresh server (tuner/confirm.py): a full capacity search
+    with the round's prompt seed, which the baseline and every candidate of that round share. Optuna's
+    values stay the first run's; these rows are what `show` and `export` call confirmed."""
+
+    __tablename__ = "autotune_confirmations"
+    __table_args__ = (UniqueConstraint("trial_id", "round"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    study_id: Mapped[int] = mapped_column(ForeignKey("autotune_studies.id"))
+    trial_id: Mapped[int] = mapped_column(ForeignKey("autotune_trials.id"))
+    round: Mapped[int] = mapped_column(Integer)              # 0-based; one paired A/B round shares a seed
+    position: Mapped[int] = mapped_column(Integer)           # order inside the round (interleaving)
+    seed: Mapped[int] = mapped_column(Integer)
+    state: Mapped[str] = mapped_column(String(16))           # ok | failed | infeasible
+    cause: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    detail: Mapped[str | None] = mapped_column(Text, nullable=True)
+    objectives: Mapped[dict[str, float]] = mapped_column(JSON, default=dict)   # measured values only
+    constraints: Mapped[dict[str, float]] = mapped_column(JSON, default=dict)
+    capacity: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    measurement_flags: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
+    simulated: Mapped[bool] = mapped_column(default=False)
+    log_path: Mapped[str | None] = mapped_column(Text, nullable=True)
+    started_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
+    finished_at: Mapped[dt.datetime | None] = mapped_column(DateTime, nullable=True)
+
+
 class SeriesRecord(Base):
     """Raw evidence kept for the best trials only (bounded): per-request records and telemetry series."""
 

@@ -12,7 +12,8 @@ from sqlalchemy.orm import Session
 
 from autotune.errors import UserError
 from autotune.store.migrate import migrate
-from autotune.store.models import Base, ProcessRecord, SeriesRecord, StudyRecord, TrialRecord, utcnow
+from autotune.store.models import (Base, ConfirmationRecord, ProcessRecord, SeriesRecord, StudyRecord,
+                                   TrialRecord, utcnow)
 
 
 def sqlite_path(url: str) -> Path | None:
@@ -58,6 +59,8 @@ class ResultStore:
             Base.metadata.create_all(self.engine)
         elif not storage_exists(url):
             raise UserError(f"storage {url!r} holds no autotune study")
+        else:
+            Base.metadata.create_all(self.engine)   # tables newer than the database (confirmations)
         migrate(self.engine)
 
     def session(self) -> Session:
@@ -102,19 +105,22 @@ class ResultStore:
             return rec
 
     # trials ----------------------------------------------------------------------------------------
-    def save_trial(self, study_id: int, number: int, **fields: Any) -> TrialRecord:
-        """Insert or update the evidence of one trial (a trial is written when it starts and when it ends)."""
+    def _upsert(self, model: type, key: dict[str, Any], fields: dict[str, Any]) -> Any:
+        """Insert the row with `key`, or update its `fields`, in one short transaction."""
         with self.session() as s:
-            rec = s.scalar(select(TrialRecord).where(TrialRecord.study_id == study_id,
-                                                     TrialRecord.number == number))
+            rec = s.scalar(select(model).filter_by(**key))
             if rec is None:
-                rec = TrialRecord(study_id=study_id, number=number, **fields)
+                rec = model(**key, **fields)
                 s.add(rec)
             else:
                 for k, v in fields.items():
                     setattr(rec, k, v)
             s.commit()
             return rec
+
+    def save_trial(self, study_id: int, number: int, **fields: Any) -> TrialRecord:
+        """Insert or update the evidence of one trial (a trial is written when it starts and when it ends)."""
+        return self._upsert(TrialRecord, {"study_id": study_id, "number": number}, fields)
 
     def trials(self, study_id: int) -> list[TrialRecord]:
         with self.session() as s:
@@ -138,6 +144,17 @@ class ResultStore:
                     n += 1
             s.commit()
         return n
+
+    # confirmations ---------------------------------------------------------------------------------
+    def save_confirmation(self, **fields: Any) -> ConfirmationRecord:
+        """Insert or replace the repeat of one trial in one round."""
+        key = {"trial_id": fields.pop("trial_id"), "round": fields.pop("round")}
+        return self._upsert(ConfirmationRecord, key, fields)
+
+    def confirmations(self, study_id: int) -> list[ConfirmationRecord]:
+        with self.session() as s:
+            return list(s.scalars(select(ConfirmationRecord).where(ConfirmationRecord.study_id == study_id)
+                                  .order_by(ConfirmationRecord.round, ConfirmationRecord.position)))
 
     # raw series ------------------------------------------------------------------------------------
     def add_series(self, trial_id: int, kind: str, data: list[Any]) -> None:

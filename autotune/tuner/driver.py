@@ -433,8 +433,8 @@ class StudyDriver:
                             detail="finished after another process had judged it dead (its heartbeat was stale) "
                                    "and re-queued its parameters")
         overlap = self._overlap_fields(job)
-        flags = sorted(set(overlap.pop("measurement_flags")) | ({"client_saturated"} if outcome.cause ==
-                                                               causes.CLIENT_SATURATED else set()))
+        flags = sorted(set(overlap.pop("measurement_flags")) | set(evidence.pop("measurement_flags", None) or ())
+                       | ({"client_saturated"} if outcome.cause == causes.CLIENT_SATURATED else set()))
         self.store.save_trial(self.record.id, job.number, objectives=measured, constraints=constraints,
                               finished_at=utcnow(), identity=self.identity, measurement_flags=flags,
                               **overlap, **evidence)

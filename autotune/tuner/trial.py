@@ -18,6 +18,7 @@ import psutil
 
 from autotune import causes
 from autotune.bench import find_capacity, parse_workload, run_load
+from autotune.bench import measurement_flags as mflags
 from autotune.bench.capacity import capacity_tps
 from autotune.bench.results import CapacityResult, Measurement
 from autotune.engine.base import Engine, EngineFailure, LaunchRequest, Server, StartupInfo
@@ -48,6 +49,7 @@ class TrialOutcome:
     measurement: Measurement | None = None
     log_tail: str | None = None
     log_path: str | None = None
+    flags: list[str] = field(default_factory=list)   # measurement flags (bench/measurement_flags.py)
 
 
 Phase = Callable[[str], None]
@@ -79,8 +81,10 @@ class TrialRunner:
         return None
 
     def run(self, number: int, flags: Sequence[str], violations: Sequence[str], phase: Phase,
-            lease: Lease | None = None) -> TrialOutcome:
-        """With a lease: the lease's GPUs (CUDA_VISIBLE_DEVICES), its HTTP port and a block of internal
+            lease: Lease | None = None, *, seed: int | None = None, log_name: str | None = None) -> TrialOutcome:
+        """`seed` replaces the spec's prompt seed (a confirmation round draws fresh prompts); `log_name`
+        replaces the server log's file name (a confirmation repeat must not overwrite its trial's log).
+        With a lease: the lease's GPUs (CUDA_VISIBLE_DEVICES), its HTTP port and a block of internal
         ports, the server and this thread (the load client) pinned to its cores, telemetry over its GPUs
         only. Without one: the study's GPUs and any free port, as a single trial always ran."""
         rejected = self.precheck(flags, violations)
@@ -90,7 +94,7 @@ class TrialRunner:
         if gate is not None:
             gate.check()
         all_flags = [*self.fixed_flags, *flags]
-        log_path = self.log_dir / f"trial-{number:04d}.log"
+        log_path = self.log_dir / (log_name or f"trial-{number:04d}.log")
         gpus = list(lease.gpus) if lease is not None else list(self.spec.gpus)
         port = lease.port if lease is not None else find_free_port()
         env = dict(self.spec.engine.env)
@@ -113,7 +117,7 @@ class TrialRunner:
             record_id = self._register(server, port)
             try:
                 with interruptible():
-                    return self._serve(server, phase, log_path, gpus)
+                    return self._serve(server, phase, log_path, gpus, self.spec.seed if seed is None else seed)
             finally:
                 phase("stopping server")
                 server.stop()
@@ -132,7 +136,8 @@ class TrialRunner:
                                            owner_pid=os.getpid(), port=port, host=host_name(),
                                            owner_create_time=process_create_time())
 
-    def _serve(self, server: Server, phase: Phase, log_path: Path, gpus: Sequence[int]) -> TrialOutcome:
+    def _serve(self, server: Server, phase: Phase, log_path: Path, gpus: Sequence[int],
+               seed: int) -> TrialOutcome:
         try:
             phase("waiting for /health")
             startup = server.wait_ready()
@@ -144,7 +149,7 @@ class TrialRunner:
         sampler.start()
         t0 = time.monotonic()
         try:
-            measurement, capacity = self._measure(server.url, phase)
+            measurement, capacity = self._measure(server.url, phase, seed)
         except UserError:
             if server.failure() is None:  # the server is up: a real usage error
                 raise
@@ -163,19 +168,23 @@ class TrialRunner:
         outcome.metrics = dict(measurement.metrics)
         outcome.capacity = capacity
         outcome.observed = self._observe(measurement, capacity, summary, elapsed, len(gpus))
+        outcome.flags = list(capacity["measurement_flags"]) if capacity is not None else measurement.flags
         if measurement.client.saturated:
             outcome.cause = causes.CLIENT_SATURATED
             outcome.detail = f"load generator saturated: {measurement.client.note}"
         return outcome
 
-    def _measure(self, url: str, phase: Phase) -> tuple[Measurement | None, dict[str, Any] | None]:
+    def _measure(self, url: str, phase: Phase, seed: int) -> tuple[Measurement | None, dict[str, Any] | None]:
         load = self.spec.load
         model = self.spec.model
         if load.mode == "fixed":
             phase(f"load: {'concurrency ' + str(load.concurrency) if load.concurrency else f'rate {load.rate}/s'}")
             m = run_async(run_load(url, model, self.workload, concurrency=load.concurrency, rate=load.rate,
                                      num_requests=load.num_requests, warmup=load.warmup, slo=self.slo,
-                                     seed=self.spec.seed, endpoint=load.endpoint, tokenizer=self.tokenizer))
+                                     seed=seed, endpoint=load.endpoint, tokenizer=self.tokenizer))
+            m.flags = mflags.merge([mflags.CLIENT_SATURATED] if m.client.saturated else [],
+                                   [mflags.PREFIX_HITS] if mflags.prefix_flattered(
+                                       m.metrics.get("prefix_cache_hit_pct"), self.workload.kind) else [])
             return m, None
 
         def on_step(step: Any) -> None:
@@ -189,11 +198,13 @@ class TrialRunner:
         phase(f"capacity search by {load.search}")
         cap: CapacityResult = run_async(find_capacity(
             url, model, self.workload, self.slo, search=load.search, max_steps=load.max_steps,
-            requests_per_step=load.requests_per_step, warmup=load.warmup, seed=self.spec.seed,
-            tokenizer=self.tokenizer, on_step=on_step))
+            requests_per_step=load.requests_per_step, warmup=load.warmup, seed=seed,
+            tokenizer=self.tokenizer, on_step=on_step, min_waves=load.min_waves, min_step_s=load.min_step_s,
+            max_bracket=load.max_bracket, refine_steps=load.refine_steps))
         chosen = cap.at_capacity or (cap.steps[0].measurement if cap.steps else None)
         info = {"mode": cap.mode, "capacity": cap.capacity, "cache_reset": cap.cache_reset, "note": cap.note,
-                "steps": [{"load": s.load, "slo_met": s.slo_met,
+                "bracket": list(cap.bracket), "measurement_flags": list(cap.flags), "seed": seed,
+                "steps": [{"load": s.load, "slo_met": s.slo_met, "first_wave": s.measurement.first_wave_summary(),
                            "prefix_cache_hit_pct": s.measurement.metrics.get("prefix_cache_hit_pct"),
                            "output_throughput": s.measurement.metrics.get("output_throughput"),
                            "steady_output_throughput": s.measurement.metrics.get("steady_output_throughput"),
@@ -254,4 +265,5 @@ def outcome_evidence(outcome: TrialOutcome) -> dict[str, Any]:
         "kv_cache_tokens": outcome.startup.kv_cache_tokens if outcome.startup else None,
         "simulated": bool(outcome.startup and outcome.startup.simulated),
         "log_path": outcome.log_path, "log_tail": outcome.log_tail,
+        "measurement_flags": list(outcome.flags),
     }

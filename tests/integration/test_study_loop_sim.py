@@ -24,6 +24,7 @@ def _spec(tmp_path: Path) -> Path:
         "load": {"mode": "capacity", "search": "concurrency", "max_steps": 3, "requests_per_step": 40, "warmup": 2},
         "telemetry": {"source": "sim", "hz": 5},
         "storage": f"sqlite:///{tmp_path}/loop.db",
+        "confirm": {"enabled": False},   # interrupts and resume of the trials; confirmation: test_confirm_sim.py
     }
     path = tmp_path / "loop.yaml"
     path.write_text(yaml.safe_dump(spec))

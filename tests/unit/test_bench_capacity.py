@@ -53,3 +53,18 @@ def test_broken_at_first_load_gives_none():
 def test_upper_bound_caps_the_search():
     cap, loads = run(lambda n: -0.5, True, None, upper=16)
     assert cap == 16 and loads[-1] == 16
+
+
+def test_a_cut_short_failing_end_is_bisected_not_chorded():
+    # a step cut short reports the margin of its first, fastest requests (here +10 %): the chord through
+    # it would aim next to it (82); the log-midpoint of the bracket 12 .. 96 is 34
+    s = _Search(True, 1024.0, tolerance=0.03)
+    s.add(1, -0.9, True)
+    s.add(12, -0.5, True)
+    s.add(96, 0.1, False, cut_short=True)
+    assert s.next_load() == 34
+    full = _Search(True, 1024.0, tolerance=0.03)
+    full.add(1, -0.9, True)
+    full.add(12, -0.5, True)
+    full.add(96, 0.1, False)
+    assert full.next_load() > 70

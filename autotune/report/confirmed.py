@@ -1,0 +1,84 @@
+"""The confirmation and the verdict as lines a person reads: in `show` and at the head of every export."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from autotune.store.models import StudyRecord, TrialRecord
+from autotune.tuner.verdict import Confirmed, ExportChoice
+
+
+def _medians(study: StudyRecord, c: Confirmed) -> str:
+    return ", ".join(f"{n} {c.medians[n]:.4g} (spread {c.spreads.get(n, 0.0):.1%})"
+                     for n, _ in study.objectives if n in c.medians)
+
+
+def cell(study: StudyRecord, c: Confirmed | None) -> str:
+    """The `show` table's confirmed column: repeats, the first objective's median and spread."""
+    if c is None:
+        return "-"
+    name = study.objectives[0][0]
+    mark = "" if c.survives else " OUT"
+    if name not in c.medians:
+        return f"{len(c.rows)}x{mark}"
+    return f"{len(c.rows)}x {c.medians[name]:.4g} ±{c.spreads.get(name, 0.0) / 2:.1%}{mark}"
+
+
+def confirmation_lines(study: StudyRecord, trials: Sequence[TrialRecord], confirmed: dict[int, Confirmed]) -> list[str]:
+    """Each confirmed configuration (medians, spread, whether it stays), then the verdict against the
+    baseline, output-preserving and quality-changing winners apart when both exist."""
+    if not confirmed:
+        return ["not confirmed: every figure above is one run (`autotune confirm` measures the top candidates "
+                "and the baseline again on fresh servers)"]
+    lines = ["confirmed = median of repeats on fresh servers (full capacity search each, fresh prompts shared "
+             "by the configurations of a round, order alternating by round); the objective columns stay each "
+             "trial's first run, as Optuna saw it"]
+    baseline = next((t for t in trials if t.role == "baseline"), None)
+    for n, c in sorted(confirmed.items()):
+        state = ("stays" if c.survives else f"pending: {c.why_not}" if c.pending
+                 else f"leaves the front: {c.why_not}")
+        flagged = sorted({f for r in c.rows for f in (r.measurement_flags or [])})
+        if flagged:
+            state += f"; repeats flagged {', '.join(flagged)}"
+        lines.append(f"  #{n} ({c.trial.role}{', changes output quality' if c.quality_changing else ''}): "
+                     f"{len(c.rows)} repeat(s): {_medians(study, c) or 'nothing measured'}; {state}")
+    alive = [c for c in confirmed.values() if c.survives]
+    if not alive:
+        lines.append("CONFIRMATION NOT FINISHED: `autotune confirm` continues it" if any(
+            c.pending for c in confirmed.values()) else "NOTHING SURVIVED CONFIRMATION: no configuration is exported")
+        return lines
+    base = confirmed.get(baseline.number) if baseline is not None else None
+    if base is None or not base.survives:
+        lines.append("no confirmed baseline: no verdict against vLLM's defaults")
+        return lines
+    groups = {"output-preserving": [c for c in alive if c is not base and not c.quality_changing],
+              "quality-changing": [c for c in alive if c.quality_changing]}
+    name, direction = study.objectives[0]
+    for label, group in groups.items():
+        if not group:
+            continue
+        best = sorted(group, key=lambda c: -c.medians[name] if direction == "maximize" else c.medians[name])[0]
+        kind = f"{label} " if all(groups.values()) or label == "quality-changing" else ""
+        lines.append(f"best {kind}candidate #{best.trial.number} against the baseline #{base.trial.number}: "
+                     + "; ".join(v.text() for v in best.verdicts))
+    if not any(groups.values()):
+        lines.append(f"only the baseline #{base.trial.number} survived: vLLM's defaults are the answer")
+    lines.append("interval: 95 % Student t over the paired rounds' log ratios (candidate / baseline of the same "
+                 "round); no gain beyond noise when it includes 1 or the gain is below one config's spread")
+    return lines
+
+
+def export_header(study: StudyRecord, trials: Sequence[TrialRecord], confirmed: dict[int, Confirmed],
+                  choice: ExportChoice) -> list[str]:
+    """The verdict for the exported trial, as comment lines (without the comment marker)."""
+    t = choice.trial
+    assert t is not None
+    c = confirmed.get(t.number)
+    if c is None or not c.survives:
+        return [f"UNCONFIRMED: one run ({choice.why})"]
+    out = [f"confirmed: {len(c.rows)} repeats on fresh servers: {_medians(study, c)}"]
+    if c.verdicts:
+        out.append("against the baseline: " + "; ".join(v.text() for v in c.verdicts))
+    elif t.role == "baseline":
+        out.append("this is the baseline: no candidate beat vLLM's defaults after confirmation")
+    return out

@@ -1,0 +1,129 @@
+"""Confirmation: before a study ends (and on `autotune confirm`), the top candidates and the baseline are
+measured again on fresh servers, so that what gets exported is not one lucky run.
+
+Each repeat is a whole trial through the same `TrialRunner` (same engine, flags, capacity search and
+evidence), on a server started for it. Round r draws its prompts from its own seed, shared by every
+configuration of that round, so the per-round ratio candidate / baseline compares like with like. The
+order inside a round alternates (A B .. in even rounds, .. B A in odd ones): a machine that drifts
+steadily slower then costs each side the same on average, which a fixed A-then-B order would not.
+
+Repeats are rows of `autotune_confirmations`, linked to their trial; Optuna's values stay the first
+run's. They count against `--timeout` (a repeat is not started without the time a trial takes) but not
+against `--n-trials`; a cut repeat is simply run again by the next `run` or `confirm`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from autotune.spec import StudySpec
+from autotune.store.models import StudyRecord, TrialRecord, utcnow
+from autotune.store.queries import best_trial, is_feasible, pareto_front
+from autotune.store.repository import ResultStore
+from autotune.tuner.objectives import measured_constraints, pick
+from autotune.tuner.trial import TrialOutcome, TrialRunner
+from autotune.tuner.verdict import quality_changing
+
+ROUND_SEED_BASE = 7_770_001    # fresh prompts: the first runs drew theirs from the spec's seed
+ROUND_SEED_STRIDE = 104_729
+
+
+def round_seed(spec_seed: int, r: int) -> int:
+    return spec_seed + ROUND_SEED_BASE + ROUND_SEED_STRIDE * r
+
+
+def pick_candidates(study: StudyRecord, trials: Sequence[TrialRecord], k: int) -> list[TrialRecord]:
+    """At most `k` feasible non-baseline trials: the best on the first objective, the best output-preserving
+    one (when the best changes output quality), then the rest of the Pareto front by the first objective.
+    Flagged trials are candidates like any other: confirmation is what can clear them."""
+    baseline = next((t for t in trials if t.role == "baseline"), None)
+    pool = [t for t in trials if t.role != "baseline" and is_feasible(t)
+            and not (baseline is not None and t.flags == baseline.flags)]
+    out: list[TrialRecord] = []
+
+    def add(t: TrialRecord | None) -> None:
+        if t is not None and t not in out and len(out) < k:
+            out.append(t)
+
+    add(best_trial(study, pool))
+    add(best_trial(study, [t for t in pool if not quality_changing(study, t, baseline)]))
+    name, direction = study.objectives[0]
+    for t in sorted(pareto_front(study, pool), key=lambda t: -t.objectives[name] if direction == "maximize"
+                    else t.objectives[name]):
+        add(t)
+    return out
+
+
+def plan(baseline: TrialRecord | None, candidates: Sequence[TrialRecord], repeats: int) -> list[tuple[int, int, TrialRecord]]:
+    """(round, position, trial) in the order they run: A B .. then .. B A, alternating by round."""
+    configs = ([baseline] if baseline is not None else []) + list(candidates)
+    out = []
+    for r in range(repeats):
+        order = configs if r % 2 == 0 else configs[::-1]
+        out += [(r, i, t) for i, t in enumerate(order)]
+    return out
+
+
+@dataclass
+class ConfirmResult:
+    done: int          # repeats run by this call
+    pending: int       # repeats still missing (timeout)
+    stopped_by: str | None
+
+
+def confirm_study(spec: StudySpec, store: ResultStore, study: StudyRecord, runner: TrialRunner, *,
+                  top_k: int, repeats: int, phase: Callable[[str], None], say: Callable[[str], None],
+                  deadline: float | None = None, expected_s: float = 0.0) -> ConfirmResult:
+    """Run the missing repeats of the top candidates and the baseline; rows already stored (an earlier,
+    interrupted confirmation) are kept. Interrupts propagate after the running server is stopped."""
+    trials = store.trials(study.id)
+    baseline = next((t for t in trials if t.role == "baseline" and is_feasible(t)), None)
+    candidates = pick_candidates(study, trials, top_k)
+    if baseline is None and not candidates:
+        say("confirmation: no feasible trial to confirm")
+        return ConfirmResult(0, 0, None)
+    have = {(r.trial_id, r.round) for r in store.confirmations(study.id)}
+    todo = [(r, i, t) for r, i, t in plan(baseline, candidates, repeats) if (t.id, r) not in have]
+    names = ", ".join(f"#{t.number}" for t in ([baseline] if baseline else []) + candidates)
+    say(f"confirmation: {names} x {repeats} rounds on fresh servers ({len(todo)} repeat(s) to run)")
+    done = 0
+    for n, (r, pos, t) in enumerate(todo):
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0 or left < expected_s:
+                say(f"confirmation stopped by the timeout: {len(todo) - n} repeat(s) left "
+                    f"(`autotune confirm` or the same run command continues)")
+                return ConfirmResult(done, len(todo) - n, "timeout")
+        seed = round_seed(spec.seed, r)
+        say(f"[confirm {r + 1}/{repeats}] trial {t.number} ({t.role}), seed {seed}")
+        started = utcnow()
+        outcome = runner.run(t.number, t.flags, [], phase, seed=seed,
+                             log_name=f"confirm-{t.number:04d}-r{r}.log")
+        row = _row(spec, outcome)
+        store.save_confirmation(study_id=study.id, trial_id=t.id, round=r, position=pos, seed=seed,
+                                started_at=started, finished_at=utcnow(), **row)
+        done += 1
+        shown = ", ".join(f"{k}={v:.4g}" for k, v in row["objectives"].items())
+        say(f"[confirm {r + 1}/{repeats}] trial {t.number}: {row['state']}"
+            + (f" ({row['cause']})" if row["cause"] else "") + (f": {shown}" if shown else ""))
+    return ConfirmResult(done, 0, None)
+
+
+def _row(spec: StudySpec, outcome: TrialOutcome) -> dict:
+    """A repeat's columns; like a trial's, objective values are measurements only."""
+    values = pick(spec.objectives, outcome.observed) if outcome.state != "failed" else None
+    state, cause, objectives, constraints = outcome.state, outcome.cause, {}, {}
+    if values is None:
+        state, cause = "failed", outcome.cause or "crash"
+    else:
+        objectives = dict(zip(spec.objectives, values))
+        constraints = measured_constraints(spec.slo_obj, outcome.metrics, None, False)
+        if not all(v <= 0 for v in constraints.values()):
+            state = "infeasible"
+        constraints = {k: (v if math.isfinite(v) else 1e9) for k, v in constraints.items()}
+    return dict(state=state, cause=cause, detail=outcome.detail, objectives=objectives, constraints=constraints,
+                capacity=outcome.capacity, measurement_flags=list(outcome.flags),
+                simulated=bool(outcome.startup and outcome.startup.simulated), log_path=outcome.log_path)

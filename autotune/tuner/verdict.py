@@ -1,0 +1,285 @@
+"""The verdict against the defaults, from confirmation rounds (tuner/confirm.py), and the one choice of
+what gets exported.
+
+The unit of evidence is one paired round: the baseline (A) and a candidate (B) measured on fresh servers
+with the same prompt seed, next to each other in time. Per round the ratio B / A cancels what the round
+shares (the machine's speed that hour, the prompts drawn); the interval is a Student t interval on the
+mean of the rounds' log ratios, turned back into a ratio (a geometric mean with its 95 % interval). Why t
+on logs and not a bootstrap: with the 3 to 5 rounds a study can afford, a bootstrap over 3 values has 10
+distinct resamples and its percentile interval is far too narrow, while t with n - 1 degrees of freedom
+widens honestly (t = 4.30 at 3 rounds); logs make a 10 % gain and a 10 % loss symmetric and keep the
+interval of a ratio positive.
+
+"No gain beyond noise" is said when the interval includes 1, or when the gain is smaller than the spread
+between repeats of one configuration ((max - min) / median of either side's repeats): a difference
+smaller than what the same config does from one server start to the next is not a finding.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from autotune.store.models import ConfirmationRecord, StudyRecord, TrialRecord
+from autotune.store.queries import _dominates, best_trial
+
+MIN_ROUNDS = 3
+# two-sided 95 % Student t quantiles, degrees of freedom 1..30
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
+         2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
+         2.045, 2.042)
+
+
+def t975(df: int) -> float:
+    """Two-sided 95 % t quantile (Cornish-Fisher beyond the table, within 0.1 % there)."""
+    if df < 1:
+        raise ValueError("a t interval needs at least 2 rounds")
+    if df <= len(_T975):
+        return _T975[df - 1]
+    z = 1.959964
+    return z + (z ** 3 + z) / (4 * df) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * df ** 2)
+
+
+@dataclass
+class RatioInterval:
+    ratio: float        # geometric mean of the per-round ratios B / A
+    low: float
+    high: float
+    rounds: int
+
+    def includes_one(self) -> bool:
+        return self.low <= 1.0 <= self.high
+
+
+def paired_ratio_interval(ratios: Sequence[float]) -> RatioInterval:
+    """95 % t interval over the per-round ratios, on the log scale (see the module's docstring)."""
+    logs = [math.log(r) for r in ratios]
+    n = len(logs)
+    if n < 2 or any(not math.isfinite(x) for x in logs):
+        raise ValueError("need at least 2 finite positive ratios")
+    mean = statistics.fmean(logs)
+    half = t975(n - 1) * statistics.stdev(logs) / math.sqrt(n)
+    return RatioInterval(math.exp(mean), math.exp(mean - half), math.exp(mean + half), n)
+
+
+def relative_spread(values: Sequence[float]) -> float:
+    """(max - min) / median of one configuration's repeats: how far apart the same config lands."""
+    med = statistics.median(values)
+    return (max(values) - min(values)) / abs(med) if med else math.inf
+
+
+@dataclass
+class ObjectiveVerdict:
+    objective: str
+    direction: str
+    interval: RatioInterval | None
+    spread: float | None        # the larger of the two sides' relative spreads
+    beyond_noise: bool
+
+    def text(self) -> str:
+        if self.interval is None:
+            return f"{self.objective}: too few paired rounds for an interval"
+        iv = self.interval
+        better = (iv.ratio > 1) == (self.direction == "maximize")
+        word = ("better" if better else "worse") if self.beyond_noise else "no gain beyond noise"
+        spread = f", spread {self.spread:.1%}" if self.spread is not None else ""
+        return (f"{self.objective} x{iv.ratio:.3f} [{iv.low:.3f}, {iv.high:.3f}] over {iv.rounds} paired "
+                f"rounds{spread}: {word}")
+
+
+def objective_verdict(objective: str, direction: str, pairs: Sequence[tuple[float, float]],
+                      base_repeats: Sequence[float], cand_repeats: Sequence[float]) -> ObjectiveVerdict:
+    """`pairs` are (baseline, candidate) values of the same rounds."""
+    usable = [(a, b) for a, b in pairs if a > 0 and b > 0]
+    spreads = [relative_spread(v) for v in (base_repeats, cand_repeats) if len(v) >= 2]
+    spread = max(spreads) if spreads else None
+    if len(usable) < MIN_ROUNDS:
+        return ObjectiveVerdict(objective, direction, None, spread, False)
+    iv = paired_ratio_interval([b / a for a, b in usable])
+    gain = abs(iv.ratio - 1.0)
+    beyond = not iv.includes_one() and (spread is None or gain >= spread)
+    return ObjectiveVerdict(objective, direction, iv, spread, beyond)
+
+
+# -- a study's confirmations --------------------------------------------------------------------------
+@dataclass
+class Confirmed:
+    """One configuration's repeats: medians, spreads, whether it stays on the front, and why not."""
+
+    trial: TrialRecord
+    rows: list[ConfirmationRecord]
+    medians: dict[str, float] = field(default_factory=dict)
+    spreads: dict[str, float] = field(default_factory=dict)
+    survives: bool = False
+    pending: bool = False            # fewer repeats than a verdict needs, none failed: not finished yet
+    why_not: str = ""
+    verdicts: list[ObjectiveVerdict] = field(default_factory=list)   # against the baseline
+    quality_changing: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {"trial": self.trial.number, "repeats": len(self.rows), "medians": self.medians,
+                "spreads": self.spreads, "survives": self.survives, "why_not": self.why_not or None,
+                "quality_changing": self.quality_changing,
+                "verdict": [{"objective": v.objective, "ratio": v.interval.ratio if v.interval else None,
+                             "low": v.interval.low if v.interval else None,
+                             "high": v.interval.high if v.interval else None,
+                             "rounds": v.interval.rounds if v.interval else 0, "spread": v.spread,
+                             "beyond_noise": v.beyond_noise, "text": v.text()} for v in self.verdicts]}
+
+
+def quality_changing(study: StudyRecord, trial: TrialRecord, baseline: TrialRecord | None) -> bool:
+    """A trial changes output quality when a quality knob (FP8 weights, KV-cache dtype) is set to other
+    than what the baseline ran."""
+    ref = (baseline.params or {}) if baseline is not None else {}
+    return any(k in (trial.params or {}) and (trial.params or {}).get(k) != ref.get(k)
+               for k in (study.quality_knobs or []))
+
+
+def bracket_low(trial: TrialRecord) -> float | None:
+    """The lower end of the first run's capacity bracket (the highest load it met)."""
+    cap = trial.capacity or {}
+    br = cap.get("bracket")
+    if br and br[0] is not None:
+        return float(br[0])
+    return cap.get("capacity")
+
+
+def summarize_confirmations(study: StudyRecord, trials: Sequence[TrialRecord],
+                            rows: Sequence[ConfirmationRecord]) -> dict[int, Confirmed]:
+    """Trial number -> its confirmation, for every trial with repeats."""
+    by_id = {t.id: t for t in trials}
+    grouped: dict[int, list[ConfirmationRecord]] = {}
+    for r in rows:
+        if r.trial_id in by_id:
+            grouped.setdefault(r.trial_id, []).append(r)
+    names = [(o, d) for o, d in study.objectives]
+    baseline = next((t for t in trials if t.role == "baseline"), None)
+    out: dict[int, Confirmed] = {}
+    for tid, reps in grouped.items():
+        t = by_id[tid]
+        c = Confirmed(t, sorted(reps, key=lambda r: r.round), quality_changing=quality_changing(study, t, baseline))
+        ok = [r for r in c.rows if r.state == "ok" and r.objectives]
+        for name, _ in names:
+            vals = [r.objectives[name] for r in ok if r.objectives.get(name) is not None]
+            if vals:
+                c.medians[name] = statistics.median(vals)
+                c.spreads[name] = relative_spread(vals) if len(vals) >= 2 else 0.0
+        failed = [r for r in c.rows if r.state == "failed"]
+        caps = [((r.capacity or {}).get("capacity") or 0.0) for r in c.rows if r.state != "failed"]
+        low = bracket_low(t)
+        if failed:
+            c.why_not = f"repeat {failed[0].round + 1} failed ({failed[0].cause})"
+        elif len(c.rows) < MIN_ROUNDS:
+            c.pending, c.why_not = True, f"{len(c.rows)} of {MIN_ROUNDS} repeats so far"
+        elif caps and low is not None and statistics.median(caps) < low:
+            c.why_not = f"median capacity {statistics.median(caps):g} below the first run's bracket ({low:g})"
+        elif len(ok) < len(c.rows) or any(n not in c.medians for n, _ in names):
+            c.why_not = "a repeat broke the SLO at every load"
+        else:
+            c.survives = True
+        out[t.number] = c
+    base = out.get(baseline.number) if baseline is not None else None
+    if base is not None:
+        base_rounds = {r.round: r for r in base.rows if r.state == "ok"}
+        for c in out.values():
+            if c is base:
+                continue
+            for name, direction in names:
+                pairs = [(base_rounds[r.round].objectives[name], r.objectives[name]) for r in c.rows
+                         if r.state == "ok" and r.round in base_rounds and name in r.objectives
+                         and name in base_rounds[r.round].objectives]
+                c.verdicts.append(objective_verdict(
+                    name, direction, pairs, [r.objectives[name] for r in base_rounds.values() if name in r.objectives],
+                    [r.objectives[name] for r in c.rows if r.state == "ok" and name in r.objectives]))
+    return out
+
+
+def confirmed_front(study: StudyRecord, confirmed: dict[int, Confirmed]) -> list[Confirmed]:
+    """The Pareto front over the confirmed medians of the configurations that survived confirmation."""
+    names = [o for o, _ in study.objectives]
+    maximize = [d == "maximize" for _, d in study.objectives]
+    alive = [c for c in confirmed.values() if c.survives]
+    vec = {c.trial.number: [c.medians[n] for n in names] for c in alive}
+    front = [c for c in alive if not any(_dominates(vec[o.trial.number], vec[c.trial.number], maximize)
+                                         for o in alive if o is not c)]
+    return sorted(front, key=lambda c: _first_key(study, c.medians))
+
+
+def _first_key(study: StudyRecord, values: dict[str, float]) -> float:
+    name, direction = study.objectives[0]
+    return -values[name] if direction == "maximize" else values[name]
+
+
+# -- the one choice of what is exported -----------------------------------------------------------------
+@dataclass
+class ExportChoice:
+    trial: TrialRecord | None
+    confirmed: Confirmed | None      # None: exported on its first run (nothing confirmed, no flag)
+    why: str                         # one line: why this trial, or why none
+
+
+def flags_of(trial: TrialRecord) -> list[str]:
+    """The trial's measurement flags; for a trial stored before the column existed (NULL), read back from
+    the evidence it did store: its cause and its capacity search's note."""
+    if trial.measurement_flags is not None:
+        return list(trial.measurement_flags)
+    note = (trial.capacity or {}).get("note") or ""
+    out = []
+    if trial.cause == "client_saturated" or "client saturated" in note:
+        out.append("client_saturated")
+    if "prefix cache served random prompts" in note:
+        out.append("prefix_hits")
+    return out
+
+
+def export_choice(study: StudyRecord, trials: Sequence[TrialRecord],
+                  rows: Sequence[ConfirmationRecord]) -> ExportChoice:
+    """What `export` writes when no trial is named; every export format (YAML, command, deploy kits) asks
+    this. Once confirmations exist, the best survivor on the first objective by its confirmed median (the
+    baseline included: when it is best, the defaults are the answer). Without confirmations, the best
+    feasible trial that carries no measurement flag; a flagged trial is never exported unconfirmed."""
+    confirmed = summarize_confirmations(study, trials, rows)
+    if confirmed:
+        alive = sorted((c for c in confirmed.values() if c.survives), key=lambda c: _first_key(study, c.medians))
+        if alive:
+            best = alive[0]
+            return ExportChoice(best.trial, best, f"trial {best.trial.number}: best confirmed median on "
+                                                  f"{study.objectives[0][0]} over {len(best.rows)} repeats")
+        reasons = "; ".join(f"trial {n}: {c.why_not}" for n, c in sorted(confirmed.items()))
+        if not any(c.pending for c in confirmed.values()):
+            return ExportChoice(None, None, f"no candidate survived confirmation ({reasons})")
+        # a confirmation cut short (timeout, Ctrl-C) decides nothing yet: the first runs' rule applies,
+        # without the trials a finished repeat already dropped
+        dropped = {n for n, c in confirmed.items() if not c.pending}
+        trials = [t for t in trials if t.number not in dropped]
+        pending_note = f"; confirmation not finished ({reasons}): `autotune confirm` continues it"
+    else:
+        pending_note = ""
+    clean = [t for t in trials if not flags_of(t)]
+    best = best_trial(study, clean)
+    overall = best_trial(study, list(trials))
+    if best is None:
+        if overall is not None:
+            return ExportChoice(None, None, f"the only feasible trials carry measurement flags (trial "
+                                            f"{overall.number}: {', '.join(flags_of(overall))}) and none is "
+                                            f"confirmed: run `autotune confirm`" + pending_note)
+        return ExportChoice(None, None, f"no feasible trial in study {study.name!r} to export" + pending_note)
+    why = f"trial {best.number}: best feasible on {study.objectives[0][0]}, UNCONFIRMED (first run only)"
+    if overall is not None and overall is not best:
+        why += (f"; trial {overall.number} measured better but carries {', '.join(flags_of(overall))} "
+                f"and is not confirmed")
+    return ExportChoice(best, None, why + pending_note)
+
+
+def unconfirmed_flagged(trial: TrialRecord, rows: Sequence[ConfirmationRecord], study: StudyRecord,
+                        trials: Sequence[TrialRecord]) -> str | None:
+    """Why an explicitly named trial may not be exported (flagged and not a confirmed survivor), or None."""
+    if not flags_of(trial):
+        return None
+    c = summarize_confirmations(study, trials, rows).get(trial.number)
+    if c is not None and c.survives:
+        return None
+    return (f"trial {trial.number} carries {', '.join(flags_of(trial))} and is not confirmed"
+            + (f" ({c.why_not})" if c is not None else "") + ": run `autotune confirm` first")

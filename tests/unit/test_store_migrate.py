@@ -1,0 +1,46 @@
+"""A database written before measurement flags and confirmations existed keeps opening: the committed
+H200 study (benchmarks/gpu/) gains the new column and table on open, and reads as "not recorded"."""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+from pathlib import Path
+
+from autotune.store.migrate import migrate
+from autotune.store.repository import ResultStore
+from autotune.tuner.verdict import export_choice
+
+OLD_DB = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu" / "h200-llama8b.db"
+
+
+def test_the_committed_h200_study_opens_and_gains_the_new_column(tmp_path: Path) -> None:
+    db = tmp_path / "old.db"
+    shutil.copy(OLD_DB, db)
+    with sqlite3.connect(db) as conn:
+        cols = {r[1] for r in conn.execute("pragma table_info(autotune_trials)")}
+    assert "measurement_flags" not in cols            # written by an older autotune
+    store = ResultStore(f"sqlite:///{db}", create=False)
+    study = store.resolve_study(None)
+    trials = store.trials(study.id)
+    assert trials and all(t.measurement_flags is None for t in trials)
+    assert store.confirmations(study.id) == []
+    choice = export_choice(study, trials, [])
+    assert choice.trial is not None and "UNCONFIRMED" in choice.why
+    assert migrate(store.engine) == []    # idempotent
+
+
+def test_every_committed_study_database_opens_with_show_and_export(tmp_path: Path) -> None:
+    from autotune.store.repository import ResultStore
+
+    dbs = sorted(OLD_DB.parent.rglob("*.db"))
+    assert len(dbs) >= 2
+    for i, src in enumerate(dbs):
+        db = tmp_path / f"{i}.db"
+        shutil.copy(src, db)
+        store = ResultStore(f"sqlite:///{db}", create=False)
+        for name in store.study_names():
+            study = store.resolve_study(name)
+            trials = store.trials(study.id)
+            choice = export_choice(study, trials, store.confirmations(study.id))
+            assert choice.why, (src, name)

@@ -85,6 +85,8 @@ class LoadSpec(_Strict):
     rate: float | None = Field(None, gt=0)
     num_requests: int = Field(64, ge=1)
     endpoint: Literal["completions", "chat"] = "completions"
+    # A request that receives no byte for this long fails (a server that stops answering mid-stream).
+    stall_timeout_s: float = Field(300.0, gt=0)
 
     @model_validator(mode="after")
     def _fixed_needs_load(self) -> "LoadSpec":
@@ -187,8 +189,13 @@ class StudySpec(_Strict):
 
     def public_dict(self) -> dict[str, Any]:
         """The spec as stored: environment values are redacted (tokens never reach the DB)."""
+        from autotune.redact import redact_flags
+
         body = self.model_dump()
         body["engine"]["env"] = {k: "<redacted>" for k in self.engine.env}
+        body["engine"]["extra_flags"] = redact_flags(self.engine.extra_flags)   # --api-key KEY
+        if self.engine.command:
+            body["engine"]["command"] = redact_flags(self.engine.command)       # docker run -e HF_TOKEN=...
         return body
 
 

@@ -86,6 +86,15 @@ _PREFIX = re.compile(r"^\(\w+ pid=\d+\)\s*(?:(?:ERROR|WARNING|INFO) [^\]]*\]\s*)
 _SIGNALS = {9: "SIGKILL (killed, often the kernel OOM killer)", 11: "SIGSEGV", 6: "SIGABRT", 15: "SIGTERM"}
 
 
+_PORT_IN_USE = re.compile(r"Address already in use|EADDRINUSE|\[Errno 98\]", re.I)
+
+
+def port_in_use(text: str) -> bool:
+    """The server could not bind its port (or an internal one) because another process holds it:
+    vLLM's `OSError: [Errno 98] Address already in use` from create_server_socket, or ZMQ's wording."""
+    return _PORT_IN_USE.search(text) is not None
+
+
 def _one_line(text: str, limit: int = 300) -> str:
     """Strip vLLM's "(Proc pid=N) LEVEL date [file]" prefixes and join continuation lines."""
     parts = [_PREFIX.sub("", line.strip()).strip() for line in text.strip().splitlines()]

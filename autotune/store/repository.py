@@ -11,6 +11,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
 from autotune.errors import UserError
+from autotune.redact import Redactor, redact_flags
 from autotune.store.models import Base, ProcessRecord, SeriesRecord, StudyRecord, TrialRecord, utcnow
 
 
@@ -44,9 +45,26 @@ def storage_exists(url: str) -> bool:
         return False
 
 
+# Columns that hold text a server or a user wrote (flags, commands, log lines, error details): scrubbed of
+# the shapes of secrets on the way in (autotune/redact.py), whoever the caller is.
+_FREE_TEXT = frozenset({"engine_command", "fixed_flags", "spec", "flags", "detail", "log_tail", "workload"})
+
+
+def _scrubbed(fields: dict[str, Any], redactor: Redactor) -> dict[str, Any]:
+    out = dict(fields)
+    for key in _FREE_TEXT & out.keys():
+        value = out[key]
+        out[key] = redact_flags(value) if key in ("engine_command", "fixed_flags", "flags") and isinstance(
+            value, list) else value
+        out[key] = redactor.obj(out[key])
+    return out
+
+
 class ResultStore:
-    def __init__(self, url: str, create: bool = True):
+    def __init__(self, url: str, create: bool = True, redactor: Redactor | None = None):
         self.url = url
+        # Known secret values of the study (Redactor.for_engine); the shapes of unknown ones are scrubbed anyway.
+        self.redactor = redactor or Redactor()
         path = sqlite_path(url)
         if path is not None:
             if not create and not path.is_file():
@@ -90,7 +108,7 @@ class ResultStore:
         with self.session() as s:
             rec = s.scalar(select(StudyRecord).where(StudyRecord.name == fields["name"]))
             if rec is None:
-                rec = StudyRecord(**fields)
+                rec = StudyRecord(**_scrubbed(fields, self.redactor))
                 s.add(rec)
                 s.commit()
                 return rec
@@ -102,6 +120,7 @@ class ResultStore:
     # trials ----------------------------------------------------------------------------------------
     def save_trial(self, study_id: int, number: int, **fields: Any) -> TrialRecord:
         """Insert or update the evidence of one trial (a trial is written when it starts and when it ends)."""
+        fields = _scrubbed(fields, self.redactor)
         with self.session() as s:
             rec = s.scalar(select(TrialRecord).where(TrialRecord.study_id == study_id,
                                                      TrialRecord.number == number))

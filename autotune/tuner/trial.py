@@ -20,10 +20,13 @@ import psutil
 from autotune import causes
 from autotune.bench import find_capacity, parse_workload, run_load
 from autotune.bench.capacity import capacity_tps
+from autotune.bench.client import stalled_requests
 from autotune.bench.results import CapacityResult, Measurement
 from autotune.engine.base import Engine, EngineFailure, LaunchRequest, Server, StartupInfo
-from autotune.engine.process import find_free_port
+from autotune.engine.logparse import port_in_use
+from autotune.engine.process import find_free_port, write_log_header
 from autotune.errors import UserError
+from autotune.redact import Redactor
 from autotune.spec import StudySpec
 from autotune.store.repository import ResultStore
 from autotune.telemetry import objectives as telemetry_objectives
@@ -46,6 +49,7 @@ class TrialOutcome:
 
 
 Phase = Callable[[str], None]
+PORT_ATTEMPTS = 3   # launches of one candidate when its port is taken before the server binds it
 
 
 class TrialRunner:
@@ -61,6 +65,8 @@ class TrialRunner:
         self.workload = parse_workload(spec.workload)
         self.slo = spec.slo_obj
         self.tokenizer = spec.model if Path(spec.model).is_dir() else None
+        self._stalled = 0   # requests of the last measurement the server stopped answering
+        self.redactor = Redactor.for_engine(spec.engine.env, self.fixed_flags, getattr(engine, "command", ()))
 
     # ------------------------------------------------------------------------------------------------
     def run(self, number: int, flags: Sequence[str], violations: Sequence[str], phase: Phase) -> TrialOutcome:
@@ -72,20 +78,46 @@ class TrialRunner:
             if pred is not None and not pred.fits:
                 return TrialOutcome("failed", causes.PREDICTED_OOM, f"predicted out of memory: {pred.reason}")
         log_path = self.log_dir / f"trial-{number:04d}.log"
-        port = find_free_port()
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            port = find_free_port()
+            try:  # autotune's own line first: a log that cannot be written (disk full) fails here, cleanly
+                write_log_header(log_path, f"trial {number}, attempt {attempt}, port {port}")
+            except OSError as e:
+                return TrialOutcome("failed", causes.CRASH, f"cannot write the trial log {log_path}: "
+                                    f"{e.strerror or e}; not launched", log_path=str(log_path))
+            outcome = self._launch_and_serve(all_flags, port, log_path, phase)
+            # Another process took the port between find_free_port and the server's bind: not the
+            # candidate's fault, so the same candidate is launched again on a new port.
+            if outcome.startup is None and port_in_use(outcome.log_tail or "") and attempt < PORT_ATTEMPTS:
+                phase(f"port {port} was taken before the server bound it; retrying on a new port")
+                continue
+            return self._redacted(outcome, log_path)
+        raise AssertionError("unreachable")
+
+    def _launch_and_serve(self, all_flags: list[str], port: int, log_path: Path, phase: Phase) -> TrialOutcome:
         phase(f"starting {self.engine.name} on port {port}")
         request = LaunchRequest(model=self.spec.model, flags=all_flags, port=port, log_path=log_path,
                                 gpus=self.spec.gpus, env=self.spec.engine.env,
                                 startup_timeout_s=self.spec.engine.startup_timeout_s)
         server = self.engine.launch(request)
         record_id = self._register(server, port)
+        outcome: TrialOutcome | None = None
         try:
-            return self._serve(server, phase, log_path)
+            outcome = self._serve(server, phase, log_path)
+            return outcome
         finally:
             phase("stopping server")
             server.stop()
             self.store.forget_process(record_id)
-            self.engine.release_wait(port, self.spec.gpus)
+            if outcome is None or not (outcome.startup is None and port_in_use(outcome.log_tail or "")):
+                self.engine.release_wait(port, self.spec.gpus)   # (a port someone else holds is never released)
+            self.redactor.file(log_path)
+
+    def _redacted(self, outcome: TrialOutcome, log_path: Path) -> TrialOutcome:
+        """What vLLM said, without the study's secrets: the detail and log tail are stored and shown."""
+        outcome.detail = self.redactor.text(outcome.detail)
+        outcome.log_tail = self.redactor.text(outcome.log_tail)
+        return outcome
 
     def _register(self, server: Server, port: int) -> int:
         try:
@@ -122,6 +154,12 @@ class TrialRunner:
         if died is not None:
             outcome.state, outcome.cause, outcome.detail = "failed", died.cause, died.detail
             return outcome
+        stalled = self._stalled
+        if stalled:  # alive but hung: its numbers measure the hang, not the candidate
+            outcome.state, outcome.cause = "failed", causes.CRASH
+            outcome.detail = (f"server stopped answering mid-stream: {stalled} request(s) got no byte for "
+                              f"{self.spec.load.stall_timeout_s:g} s while the process kept running")
+            return outcome
         assert measurement is not None
         outcome.measurement = measurement
         outcome.metrics = dict(measurement.metrics)
@@ -135,11 +173,14 @@ class TrialRunner:
     def _measure(self, url: str, phase: Phase) -> tuple[Measurement | None, dict[str, Any] | None]:
         load = self.spec.load
         model = self.spec.model
+        self._stalled = 0
         if load.mode == "fixed":
             phase(f"load: {'concurrency ' + str(load.concurrency) if load.concurrency else f'rate {load.rate}/s'}")
             m = asyncio.run(run_load(url, model, self.workload, concurrency=load.concurrency, rate=load.rate,
                                      num_requests=load.num_requests, warmup=load.warmup, slo=self.slo,
-                                     seed=self.spec.seed, endpoint=load.endpoint, tokenizer=self.tokenizer))
+                                     seed=self.spec.seed, endpoint=load.endpoint, tokenizer=self.tokenizer,
+                                     stall_timeout_s=load.stall_timeout_s))
+            self._stalled = stalled_requests(m.records)
             return m, None
 
         def on_step(step: Any) -> None:
@@ -154,7 +195,8 @@ class TrialRunner:
         cap: CapacityResult = asyncio.run(find_capacity(
             url, model, self.workload, self.slo, search=load.search, max_steps=load.max_steps,
             requests_per_step=load.requests_per_step, warmup=load.warmup, seed=self.spec.seed,
-            tokenizer=self.tokenizer, on_step=on_step))
+            tokenizer=self.tokenizer, on_step=on_step, stall_timeout_s=load.stall_timeout_s))
+        self._stalled = sum(stalled_requests(s.measurement.records) for s in cap.steps)
         chosen = cap.at_capacity or (cap.steps[0].measurement if cap.steps else None)
         info = {"mode": cap.mode, "capacity": cap.capacity, "cache_reset": cap.cache_reset, "note": cap.note,
                 "steps": [{"load": s.load, "slo_met": s.slo_met,

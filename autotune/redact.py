@@ -118,6 +118,8 @@ class Redactor:
         if isinstance(value, Mapping):
             return {self.obj(k): self.obj(v) for k, v in value.items()}
         if isinstance(value, (list, tuple)):
+            if value and all(isinstance(v, str) for v in value):
+                value = redact_flags(value)   # an argument list: `--api-key`, then its value as the next item
             return [self.obj(v) for v in value]
         return value
 

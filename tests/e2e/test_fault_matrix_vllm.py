@@ -8,9 +8,9 @@ configuration vLLM rejects at start (`--max-model-len 4096` above the demo model
 from __future__ import annotations
 
 import importlib.util
-import socket
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -22,9 +22,7 @@ pytestmark = [pytest.mark.e2e,
 
 
 def test_port_taken_then_bad_config_on_the_real_cpu_build(tmp_path: Path, demo_model_dir: Path,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    import autotune.tuner.trial as trial_module
-
+                                                         taken_port_first: Any) -> None:
     spec = {
         "name": "vllm-faults", "model": str(demo_model_dir),
         "engine": {"kind": "vllm", "command": ["{python}", "-m", "vllm.entrypoints.openai.api_server"],
@@ -42,26 +40,11 @@ def test_port_taken_then_bad_config_on_the_real_cpu_build(tmp_path: Path, demo_m
     }
     path = tmp_path / "vf.yaml"
     path.write_text(yaml.safe_dump(spec))
-    holder = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    holder.bind(("127.0.0.1", 0))
-    holder.listen()
-    taken = holder.getsockname()[1]
-    real = trial_module.find_free_port
-    handed: list[int] = []
-
-    def racy_free_port() -> int:
-        handed.append(taken if not handed else real())
-        return handed[-1]
-
-    monkeypatch.setattr(trial_module, "find_free_port", racy_free_port)
-    try:
-        assert main(["run", "--study", str(path), "--n-trials", "1", "--no-progress"]) == 0
-    finally:
-        holder.close()
+    assert main(["run", "--study", str(path), "--n-trials", "1", "--no-progress"]) == 0
     with sqlite3.connect(tmp_path / "vf.db") as conn:
         (state, cause, detail, log_path), = conn.execute(
             "select state, cause, detail, log_path from autotune_trials").fetchall()
-    assert len(handed) == 2 and handed[0] == taken
+    assert len(taken_port_first.handed) == 2 and taken_port_first.handed[0] == taken_port_first.port
     log = Path(log_path).read_text()
     assert "OSError: [Errno 98] Address already in use" in log          # vLLM's own words, first launch
     assert (state, cause) == ("failed", "bad_config"), detail            # second launch: vLLM's config check

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import sqlite3
 import sys
 import time
@@ -145,30 +144,13 @@ def test_the_models_own_length_rejects_a_candidate_before_launch(tmp_path: Path,
 
 
 def test_a_port_taken_before_the_server_binds_is_retried_not_a_failed_trial(tmp_path: Path, demo_model_dir: Path,
-                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+                                                                           taken_port_first: Any) -> None:
     """Another process binds the chosen port between find_free_port and the server's bind: the
     stand-in fails as vLLM does (`OSError: [Errno 98] Address already in use`), and the runner launches
     the same candidate again on a new port."""
-    import autotune.tuner.trial as trial_module
-
-    holder = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    holder.bind(("127.0.0.1", 0))
-    holder.listen()
-    taken = holder.getsockname()[1]
-    real = trial_module.find_free_port
-    handed: list[int] = []
-
-    def racy_free_port() -> int:
-        port = taken if not handed else real()
-        handed.append(port)
-        return port
-
-    monkeypatch.setattr(trial_module, "find_free_port", racy_free_port)
-    try:
-        assert run(study(tmp_path, demo_model_dir, "ok")) == 0
-    finally:
-        holder.close()
+    assert run(study(tmp_path, demo_model_dir, "ok")) == 0
     (number, state, cause, detail, log_tail, log_path), = rows(tmp_path)
+    taken, handed = taken_port_first.port, taken_port_first.handed
     assert handed[0] == taken and len(handed) == 2
     assert state in ("ok", "infeasible") and cause in (None, causes.CLIENT_SATURATED), detail
     log = Path(log_path).read_text()

@@ -64,6 +64,17 @@ def secret_flag_values(argv: Sequence[str]) -> set[str]:
     return {v for v in out if len(v) >= _MIN_SECRET_LEN}
 
 
+def api_key_of(flags: Sequence[str], env: Mapping[str, str]) -> str | None:
+    """The key a server started with these flags and environment expects (vLLM: `--api-key`, else the
+    VLLM_API_KEY variable), so the load client can send it."""
+    found: str | None = None
+    for i, item in enumerate(str(f) for f in flags):   # the last one wins, as in argparse
+        name, eq, value = item.partition("=")
+        if name == "--api-key":
+            found = value if eq else (str(flags[i + 1]) if i + 1 < len(flags) else None)
+    return found or env.get("VLLM_API_KEY") or os.environ.get("VLLM_API_KEY") or None
+
+
 def redact_flags(argv: Sequence[str]) -> list[str]:
     """The argument list with every secret flag's value replaced by REDACTED (the flag itself kept)."""
     out: list[str] = []

@@ -158,7 +158,7 @@ async def find_capacity(base_url: str, model: str, workload: Workload, slo: SLO,
                         tokenizer: str | None = None, start: float | None = None, upper: float | None = None,
                         on_step: Callable[[LoadStep], None] | None = None, endpoint: str = "completions",
                         tolerance: float = DEFAULT_TOLERANCE, timeout_s: float = 600,
-                        stall_timeout_s: float | None = None) -> CapacityResult:
+                        stall_timeout_s: float | None = None, api_key: str | None = None) -> CapacityResult:
     """Highest concurrency (`search="concurrency"`, closed loop) or request rate (`"rate"`, Poisson) at
     which every term of `slo` holds, within `max_steps` load steps (the probe counts as one)."""
     if search not in ("concurrency", "rate"):
@@ -172,7 +172,7 @@ async def find_capacity(base_url: str, model: str, workload: Workload, slo: SLO,
     steps: list[LoadStep] = []
     cache_reset = True
     common: dict[str, Any] = dict(slo=slo, endpoint=endpoint, tokenizer=tokenizer, timeout_s=timeout_s,
-                                  abort_on_slo=True, stall_timeout_s=stall_timeout_s)
+                                  abort_on_slo=True, stall_timeout_s=stall_timeout_s, api_key=api_key)
 
     async def step(load: float, probe: bool) -> LoadStep:
         nonlocal cache_reset

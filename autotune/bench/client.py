@@ -44,7 +44,8 @@ class StreamClient:
     """One connection pool for a whole load run; `request()` is safe to call concurrently."""
 
     def __init__(self, base_url: str, model: str, *, endpoint: str = "completions", timeout_s: float = 600,
-                 tokenizer: Tokenizer | None = None, stall_timeout_s: float | None = None) -> None:
+                 tokenizer: Tokenizer | None = None, stall_timeout_s: float | None = None,
+                 api_key: str | None = None) -> None:
         if endpoint not in ENDPOINTS:
             raise UserError(f"endpoint {endpoint!r} is unknown (one of {', '.join(ENDPOINTS)})")
         self.base_url = base_url.rstrip("/")
@@ -54,6 +55,9 @@ class StreamClient:
         # so a server that stops answering mid-stream ends a load step instead of holding it for timeout_s.
         self._timeout = aiohttp.ClientTimeout(total=timeout_s, sock_read=stall_timeout_s)
         self._session: aiohttp.ClientSession | None = None
+        # vLLM started with --api-key guards /v1/*: the key is sent, never logged or stored
+        self._headers = {"Content-Type": "application/json",
+                         **({"Authorization": f"Bearer {api_key}"} if api_key else {})}
         # The simulator (`autotune sim-serve`) runs faster than wall time and says so in a header; its
         # chunks carry each token's simulated time, which then replaces the wall clock's timing.
         self.time_scale = 1.0
@@ -62,7 +66,7 @@ class StreamClient:
     async def __aenter__(self) -> "StreamClient":
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60), timeout=self._timeout,
-            headers={"Content-Type": "application/json"})
+            headers=self._headers)
         return self
 
     async def __aexit__(self, *exc: object) -> None:

@@ -26,7 +26,7 @@ from autotune.engine.base import Engine, EngineFailure, LaunchRequest, Server, S
 from autotune.engine.logparse import port_in_use
 from autotune.engine.process import find_free_port, write_log_header
 from autotune.errors import UserError
-from autotune.redact import Redactor
+from autotune.redact import Redactor, api_key_of
 from autotune.spec import StudySpec
 from autotune.store.repository import ResultStore
 from autotune.telemetry import objectives as telemetry_objectives
@@ -66,6 +66,7 @@ class TrialRunner:
         self.slo = spec.slo_obj
         self.tokenizer = spec.model if Path(spec.model).is_dir() else None
         self._stalled = 0   # requests of the last measurement the server stopped answering
+        self.api_key = api_key_of(self.fixed_flags, spec.engine.env)
         self.redactor = Redactor.for_engine(spec.engine.env, self.fixed_flags, getattr(engine, "command", ()))
 
     # ------------------------------------------------------------------------------------------------
@@ -179,7 +180,7 @@ class TrialRunner:
             m = asyncio.run(run_load(url, model, self.workload, concurrency=load.concurrency, rate=load.rate,
                                      num_requests=load.num_requests, warmup=load.warmup, slo=self.slo,
                                      seed=self.spec.seed, endpoint=load.endpoint, tokenizer=self.tokenizer,
-                                     stall_timeout_s=load.stall_timeout_s))
+                                     stall_timeout_s=load.stall_timeout_s, api_key=self.api_key))
             self._stalled = stalled_requests(m.records)
             return m, None
 
@@ -195,7 +196,8 @@ class TrialRunner:
         cap: CapacityResult = asyncio.run(find_capacity(
             url, model, self.workload, self.slo, search=load.search, max_steps=load.max_steps,
             requests_per_step=load.requests_per_step, warmup=load.warmup, seed=self.spec.seed,
-            tokenizer=self.tokenizer, on_step=on_step, stall_timeout_s=load.stall_timeout_s))
+            tokenizer=self.tokenizer, on_step=on_step, stall_timeout_s=load.stall_timeout_s,
+            api_key=self.api_key))
         self._stalled = sum(stalled_requests(s.measurement.records) for s in cap.steps)
         chosen = cap.at_capacity or (cap.steps[0].measurement if cap.steps else None)
         info = {"mode": cap.mode, "capacity": cap.capacity, "cache_reset": cap.cache_reset, "note": cap.note,

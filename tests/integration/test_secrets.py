@@ -8,6 +8,7 @@ the log folder, `show` and `show --json`, and every export format.
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -17,10 +18,15 @@ import yaml
 from autotune.cli import main
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_fault_matrix import study  # noqa: E402
+from test_fault_matrix import rows, study  # noqa: E402
 
 HF = "hf_PLANTEDtokenABCDEFGHIJKLMNOPQRSTUV"
 KEY = "sk-planted-api-key-0123456789"
+
+
+def rows_of(tmp_path: Path) -> list[tuple]:
+    return [(state, json.loads(metrics)["completed"]) for state, metrics in
+            rows(tmp_path, "select state, metrics from autotune_trials")]
 
 
 def test_planted_secrets_are_in_no_output(tmp_path: Path, demo_model_dir: Path, capsys: pytest.CaptureFixture[str],
@@ -28,6 +34,8 @@ def test_planted_secrets_are_in_no_output(tmp_path: Path, demo_model_dir: Path, 
     monkeypatch.setenv("MY_SERVICE_TOKEN", "env-planted-secret-987654")   # autotune's own environment
     spec = study(tmp_path, demo_model_dir, "ok", env={"HF_TOKEN": HF}, extra=["--api-key", KEY])
     assert main(["run", "--study", str(spec), "--n-trials", "1", "--no-progress"]) == 0
+    # the load client sent the key: the server (which answers 401 without it) was really measured
+    assert rows_of(tmp_path) == [("ok", 16)]
     log = next((tmp_path / "faults-logs").glob("trial-*.log"))
     text = log.read_text()
     assert "non-default args" in text and "--api-key" in text          # the server did echo them ...

@@ -289,7 +289,8 @@ quality_opt_in: false         # or a list such as [kv_cache_dtype, quantization]
 workload: {kind: random, input_len: 1024, output_len: 128}
 slo: "ttft:p99<=1s"           # e.g. ttft:p95<=800ms,tpot:p99<=50ms
 objectives: [capacity_tps, p50_tpot_ms]
-load: {mode: capacity, search: concurrency, max_steps: 6, requests_per_step: 200, warmup: 16}
+load: {mode: capacity, search: concurrency, max_steps: 6, requests_per_step: 200, warmup: 16,
+       stall_timeout_s: 300}     # a request that gets no byte for that long fails (a hung server)
 telemetry: {source: auto, hz: 10, headroom_margin: 0.05, require_headroom: false}
 budget: {n_trials: 30, timeout: 8h}
 # storage: sqlite:///studies/my-study.db   (default: sqlite:///studies/<name>.db)

@@ -20,7 +20,7 @@ import psutil
 from autotune import causes
 from autotune.bench import find_capacity, parse_workload, run_load
 from autotune.bench.capacity import capacity_tps
-from autotune.bench.client import stalled_requests
+from autotune.bench.client import STALLED, stalled_requests
 from autotune.bench.results import CapacityResult, Measurement
 from autotune.engine.base import Engine, EngineFailure, LaunchRequest, Server, StartupInfo
 from autotune.engine.logparse import port_in_use
@@ -65,7 +65,6 @@ class TrialRunner:
         self.workload = parse_workload(spec.workload)
         self.slo = spec.slo_obj
         self.tokenizer = spec.model if Path(spec.model).is_dir() else None
-        self._stalled = 0   # requests of the last measurement the server stopped answering
         self.api_key = api_key_of(self.fixed_flags, spec.engine.env)
         self.redactor = Redactor.for_engine(spec.engine.env, self.fixed_flags, getattr(engine, "command", ()))
 
@@ -140,12 +139,15 @@ class TrialRunner:
                                                          server_url=server.url), hz=self.spec.telemetry.hz)
         sampler.start()
         t0 = time.monotonic()
+        hung: str | None = None
         try:
-            measurement, capacity = self._measure(server.url, phase)
-        except UserError:
-            if server.failure() is None:  # the server is up: a real usage error
-                raise
-            measurement, capacity = None, None  # it died under load (e.g. runtime OOM): a failed trial
+            measurement, capacity, stalled = self._measure(server.url, phase)
+        except UserError as e:
+            measurement, capacity, stalled = None, None, 0
+            if server.failure() is None:
+                if STALLED not in str(e):  # the server is up and answering: a real usage error
+                    raise
+                hung = f"server stopped answering: {e}"   # e.g. every warm-up request stalled
         finally:
             summary = sampler.stop()
         elapsed = time.monotonic() - t0
@@ -155,11 +157,11 @@ class TrialRunner:
         if died is not None:
             outcome.state, outcome.cause, outcome.detail = "failed", died.cause, died.detail
             return outcome
-        stalled = self._stalled
-        if stalled:  # alive but hung: its numbers measure the hang, not the candidate
-            outcome.state, outcome.cause = "failed", causes.CRASH
-            outcome.detail = (f"server stopped answering mid-stream: {stalled} request(s) got no byte for "
-                              f"{self.spec.load.stall_timeout_s:g} s while the process kept running")
+        if stalled and hung is None:
+            hung = (f"server stopped answering mid-stream: {stalled} request(s) got no byte for "
+                    f"{self.spec.load.stall_timeout_s:g} s while the process kept running")
+        if hung is not None:  # alive but hung: its numbers would measure the hang, not the candidate
+            outcome.state, outcome.cause, outcome.detail = "failed", causes.CRASH, hung
             return outcome
         assert measurement is not None
         outcome.measurement = measurement
@@ -171,18 +173,18 @@ class TrialRunner:
             outcome.detail = f"load generator saturated: {measurement.client.note}"
         return outcome
 
-    def _measure(self, url: str, phase: Phase) -> tuple[Measurement | None, dict[str, Any] | None]:
+    def _measure(self, url: str, phase: Phase) -> tuple[Measurement | None, dict[str, Any] | None, int]:
+        """The measurement, the capacity search's record (None for a fixed load) and how many requests
+        the server stopped answering (stalled)."""
         load = self.spec.load
         model = self.spec.model
-        self._stalled = 0
         if load.mode == "fixed":
             phase(f"load: {'concurrency ' + str(load.concurrency) if load.concurrency else f'rate {load.rate}/s'}")
             m = asyncio.run(run_load(url, model, self.workload, concurrency=load.concurrency, rate=load.rate,
                                      num_requests=load.num_requests, warmup=load.warmup, slo=self.slo,
                                      seed=self.spec.seed, endpoint=load.endpoint, tokenizer=self.tokenizer,
                                      stall_timeout_s=load.stall_timeout_s, api_key=self.api_key))
-            self._stalled = stalled_requests(m.records)
-            return m, None
+            return m, None, stalled_requests(m.records)
 
         def on_step(step: Any) -> None:
             if step.measurement.aborted_early:
@@ -198,7 +200,6 @@ class TrialRunner:
             requests_per_step=load.requests_per_step, warmup=load.warmup, seed=self.spec.seed,
             tokenizer=self.tokenizer, on_step=on_step, stall_timeout_s=load.stall_timeout_s,
             api_key=self.api_key))
-        self._stalled = sum(stalled_requests(s.measurement.records) for s in cap.steps)
         chosen = cap.at_capacity or (cap.steps[0].measurement if cap.steps else None)
         info = {"mode": cap.mode, "capacity": cap.capacity, "cache_reset": cap.cache_reset, "note": cap.note,
                 "steps": [{"load": s.load, "slo_met": s.slo_met,
@@ -211,7 +212,7 @@ class TrialRunner:
                            "total_output_tokens": s.measurement.metrics.get("total_output_tokens"),
                            "failed": s.measurement.metrics.get("failed"),
                            "aborted_early": s.measurement.aborted_early} for s in cap.steps]}
-        return chosen, info
+        return chosen, info, sum(stalled_requests(s.measurement.records) for s in cap.steps)
 
     def _observe(self, m: Measurement, capacity: dict[str, Any] | None, summary: TelemetrySummary,
                  elapsed: float) -> dict[str, float]:

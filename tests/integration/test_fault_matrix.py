@@ -110,17 +110,24 @@ def test_each_fault_is_a_trial_with_its_cause_and_nothing_is_left(mode: str, tmp
     assert took < 60, f"{mode} took {took:.0f} s"
 
 
-def test_a_server_that_stops_answering_mid_stream_ends_the_step_in_bounded_time(tmp_path: Path,
-                                                                               demo_model_dir: Path) -> None:
-    spec = study(tmp_path, demo_model_dir, "stall")
+@pytest.mark.parametrize("after, warmup, words", [
+    (12, 0, "server stopped answering mid-stream: "),       # 12 requests answered, then every stream stalls
+    (0, 2, "server stopped answering: every warm-up request failed: stalled: no byte for 2 s"),
+])
+def test_a_server_that_stops_answering_mid_stream_ends_the_step_in_bounded_time(
+        after: int, warmup: int, words: str, tmp_path: Path, demo_model_dir: Path) -> None:
+    spec = study(tmp_path, demo_model_dir, "stall", env={"STANDIN_AFTER": str(after)})
+    raw = yaml.safe_load(spec.read_text())
+    raw["load"]["warmup"] = warmup
+    spec.write_text(yaml.safe_dump(raw))
     started = time.monotonic()
     assert run(spec) == 0
     took = time.monotonic() - started
     (number, state, cause, detail, log_tail, log_path), = rows(tmp_path)
-    # streams stalled after 12 answered requests; each failed after the 2 s stall timeout instead of the
-    # 600 s request timeout, and the trial is a failure of the server, not a measurement of it
+    # each stalled request failed after the 2 s stall timeout instead of the 600 s request timeout, and the
+    # trial is a failure of the server, not a measurement of it (nor a usage error that stops the study)
     assert (state, cause) == ("failed", causes.CRASH), detail
-    assert detail.startswith("server stopped answering mid-stream: ") and "no byte for 2 s" in detail
+    assert detail.startswith(words) and "no byte for 2 s" in detail
     assert took < 60, f"took {took:.0f} s"
     assert not left_behind(tmp_path)
 

@@ -60,6 +60,22 @@ def _scrubbed(fields: dict[str, Any], redactor: Redactor) -> dict[str, Any]:
     return out
 
 
+def storage_failure(exc: BaseException) -> str | None:
+    """One line for an error that means the storage (or the disk under it) cannot be written: a full
+    or read-only disk, a file size limit, SQLite's I/O errors. None for anything else (a bug)."""
+    import errno
+
+    from sqlalchemy.exc import OperationalError
+
+    if isinstance(exc, OperationalError):
+        text = str(getattr(exc, "orig", exc)).strip().splitlines()[0]
+        if any(w in text.lower() for w in ("disk", "full", "readonly", "read-only", "unable to open")):
+            return text
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EROFS):
+        return f"{exc.strerror} ({exc.filename})" if exc.filename else str(exc.strerror)
+    return None
+
+
 class ResultStore:
     def __init__(self, url: str, create: bool = True, redactor: Redactor | None = None):
         self.url = url

@@ -250,7 +250,6 @@ class StudyLoop:
         for key, value in constraints.items():
             trial.set_constraint(key, float(value) if math.isfinite(value) else 1e9)
         trial.set_user_attr("cause", outcome.cause)
-        self.study.tell(trial, told)
         evidence = outcome_evidence(outcome)
         if outcome.startup is not None and outcome.startup.engine_version:
             # The API server has no --version: its version is known once one launch has logged its banner.
@@ -259,6 +258,9 @@ class StudyLoop:
         measured = dict(zip(self.spec.objectives, values)) if values is not None else {}
         self.store.save_trial(self.record.id, trial.number, objectives=measured, constraints=constraints,
                               finished_at=utcnow(), **evidence)
+        # faults: told after the evidence is written, so a storage that fails (disk full) leaves the trial
+        # RUNNING in Optuna and 'running' here, which the next run re-queues (_recover): nothing half-told
+        self.study.tell(trial, told)
         if outcome.measurement is not None:
             rec = self.store.trial(self.record.id, trial.number)
             assert rec is not None

@@ -184,3 +184,43 @@ def test_a_log_that_cannot_be_written_fails_the_trial_cleanly_and_the_study_goes
         assert conn.execute("pragma integrity_check").fetchone() == ("ok",)
         assert [s for (s,) in conn.execute("select state from trials order by number")] == ["COMPLETE"] * 3
     assert not left_behind(tmp_path)
+
+
+def test_a_database_that_cannot_grow_stops_the_run_in_one_line_and_the_next_run_resumes(
+        tmp_path: Path, demo_model_dir: Path) -> None:
+    """The disk under the database fills up mid-study (a file size limit on the `autotune run` process:
+    SQLite's writes beyond it fail, as on a full disk). The run stops with one line and exit code 1, the
+    trial it was recording stays unfinished in both Optuna and our table, the database is intact, the
+    server is stopped; the same command without the limit re-runs that candidate and finishes."""
+    import os
+    import resource
+    import signal
+    import subprocess
+
+    spec = study(tmp_path, demo_model_dir, "ok")
+    assert run(spec) == 0                                       # trial 0, and the database exists
+    limit = (tmp_path / "faults.db").stat().st_size + 4096      # a page or so of room, not a trial's evidence
+
+    def full_disk() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)           # a write past the limit fails (EFBIG)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    repo = str(Path(__file__).resolve().parents[2])
+    done = subprocess.run([sys.executable, "-m", "autotune", "run", "--study", str(spec), "--n-trials", "3",
+                           "--no-progress"], capture_output=True, text=True, timeout=240, preexec_fn=full_disk,
+                          env={**os.environ, "PYTHONPATH": repo})
+    last = done.stderr.strip().splitlines()[-1]
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+    assert last.startswith("autotune: error: cannot write the study's storage or logs: ") and "resume" in last
+    assert not left_behind(tmp_path)
+    with sqlite3.connect(tmp_path / "faults.db") as conn:
+        assert conn.execute("pragma integrity_check").fetchone() == ("ok",)
+        assert conn.execute("select state from trials order by number").fetchall() == [("COMPLETE",), ("RUNNING",)]
+    assert [r[1] for r in rows(tmp_path)][1:] == ["running"]
+    assert run(spec, n_trials=3) == 0                           # space again: the same command goes on
+    states = [r[1] for r in rows(tmp_path)]
+    assert states[1] == "interrupted" and len(states) == 4 and "running" not in states, states
+    with sqlite3.connect(tmp_path / "faults.db") as conn:
+        params = [p for (p,) in conn.execute("select params from autotune_trials order by number")]
+    assert params[2] == params[1]                               # the unrecorded candidate ran again first

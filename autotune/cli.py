@@ -103,6 +103,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         sys.stderr.write("autotune: interrupted\n")
         return 130
+    except Exception as e:  # noqa: BLE001 - only a storage that cannot be written is answered here
+        from autotune.store.repository import storage_failure
+
+        why = storage_failure(e)
+        if why is None:
+            raise
+        sys.stderr.write(f"autotune: error: cannot write the study's storage or logs: {why}; what was "
+                         "completed is kept: free space and run the same command to resume\n")
+        return 1
 
 
 def _dispatch(args: argparse.Namespace) -> int:

@@ -90,6 +90,8 @@ class LoadSpec(_Strict):
     min_step_s: float | None = Field(None, gt=0)
     max_bracket: float = Field(0.25, gt=0)       # refine, then flag `wide_bracket`, above this width
     refine_steps: int = Field(2, ge=0, le=10)
+    # A request that receives no byte for this long fails (a server that stops answering mid-stream).
+    stall_timeout_s: float = Field(300.0, gt=0)
 
     @model_validator(mode="after")
     def _fixed_needs_load(self) -> "LoadSpec":
@@ -209,12 +211,16 @@ class StudySpec(_Strict):
         return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
     def public_dict(self) -> dict[str, Any]:
-        """The spec as stored: environment values are redacted (tokens never reach the DB), and so is a
-        password in the storage URL."""
+        """The spec as stored: environment values and secret flags are redacted (tokens never reach the DB),
+        and so is a password in the storage URL."""
+        from autotune.redact import redact_flags
         from autotune.store.urls import mask_url
 
         body = self.model_dump()
         body["engine"]["env"] = {k: "<redacted>" for k in self.engine.env}
+        body["engine"]["extra_flags"] = redact_flags(self.engine.extra_flags)   # --api-key KEY
+        if self.engine.command:
+            body["engine"]["command"] = redact_flags(self.engine.command)       # docker run -e HF_TOKEN=...
         if body.get("storage"):
             body["storage"] = mask_url(body["storage"])
         return body
@@ -310,7 +316,8 @@ quality_opt_in: false         # or a list such as [kv_cache_dtype, quantization]
 workload: {kind: random, input_len: 1024, output_len: 128}
 slo: "ttft:p99<=1s"           # e.g. ttft:p95<=800ms,tpot:p99<=50ms
 objectives: [capacity_tps, p50_tpot_ms]
-load: {mode: capacity, search: concurrency, max_steps: 6, requests_per_step: 200, warmup: 16}
+load: {mode: capacity, search: concurrency, max_steps: 6, requests_per_step: 200, warmup: 16,
+       stall_timeout_s: 300}     # a request that gets no byte for that long fails (a hung server)
 telemetry: {source: auto, hz: 10, headroom_margin: 0.05, require_headroom: false}
 budget: {n_trials: 30, timeout: 8h}
 # the top candidates and the baseline measured again on fresh servers before the study ends (--no-confirm skips)

@@ -175,3 +175,34 @@ def postgres_url(postgres_server: "ThrowawayPostgres", request: pytest.FixtureRe
 
     name = re.sub(r"[^a-z0-9_]", "_", request.node.name.lower())[:40] + "_" + uuid.uuid4().hex[:6]
     return postgres_server.create_database(name)
+
+
+@dataclass
+class TakenPort:
+    port: int               # held by a listening socket of the test, as another process would hold it
+    handed: list[int]       # every port the trial runner asked for, in order
+
+
+@pytest.fixture()
+def taken_port_first(monkeypatch: pytest.MonkeyPatch) -> Iterator[TakenPort]:
+    """The trial runner's first port is one another socket has just bound (the race between choosing a
+    free port and the server binding it); later ones are really free."""
+    import socket
+
+    import autotune.tuner.trial as trial_module
+
+    holder = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    taken = TakenPort(holder.getsockname()[1], [])
+    real = trial_module.find_free_port
+
+    def racy_free_port() -> int:
+        taken.handed.append(taken.port if not taken.handed else real())
+        return taken.handed[-1]
+
+    monkeypatch.setattr(trial_module, "find_free_port", racy_free_port)
+    try:
+        yield taken
+    finally:
+        holder.close()

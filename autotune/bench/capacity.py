@@ -178,7 +178,8 @@ async def find_capacity(base_url: str, model: str, workload: Workload, slo: SLO,
                         tolerance: float = DEFAULT_TOLERANCE, timeout_s: float = 600,
                         min_waves: int = DEFAULT_WAVES, min_step_s: float | None = None,
                         max_bracket: float = DEFAULT_MAX_BRACKET,
-                        refine_steps: int = DEFAULT_REFINE_STEPS) -> CapacityResult:
+                        refine_steps: int = DEFAULT_REFINE_STEPS, stall_timeout_s: float | None = None,
+                        api_key: str | None = None) -> CapacityResult:
     """Highest concurrency (`search="concurrency"`, closed loop) or request rate (`"rate"`, Poisson) at
     which every term of `slo` holds, within `max_steps` load steps (the probe counts as one) plus up to
     `refine_steps` while the bracket is wider than `max_bracket`."""
@@ -195,7 +196,7 @@ async def find_capacity(base_url: str, model: str, workload: Workload, slo: SLO,
     steps: list[LoadStep] = []
     cache_reset = True
     common: dict[str, Any] = dict(slo=slo, endpoint=endpoint, tokenizer=tokenizer, timeout_s=timeout_s,
-                                  abort_on_slo=True)
+                                  abort_on_slo=True, stall_timeout_s=stall_timeout_s, api_key=api_key)
 
     async def step(load: float, probe: bool) -> LoadStep:
         nonlocal cache_reset

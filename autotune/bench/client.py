@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterable
 
 import aiohttp
 
@@ -32,18 +32,32 @@ class Live:
     first: float | None = None
 
 
+STALLED = "stalled"   # the error of a request that received nothing for stall_timeout_s
+
+
+def stalled_requests(records: Iterable[RequestRecord]) -> int:
+    """How many requests the server stopped answering (a hung server, not a slow one)."""
+    return sum(1 for r in records if not r.ok and (r.error or "").startswith(STALLED))
+
+
 class StreamClient:
     """One connection pool for a whole load run; `request()` is safe to call concurrently."""
 
     def __init__(self, base_url: str, model: str, *, endpoint: str = "completions", timeout_s: float = 600,
-                 tokenizer: Tokenizer | None = None) -> None:
+                 tokenizer: Tokenizer | None = None, stall_timeout_s: float | None = None,
+                 api_key: str | None = None) -> None:
         if endpoint not in ENDPOINTS:
             raise UserError(f"endpoint {endpoint!r} is unknown (one of {', '.join(ENDPOINTS)})")
         self.base_url = base_url.rstrip("/")
         self.url = self.base_url + ENDPOINTS[endpoint]
         self.model, self.endpoint, self.tokenizer = model, endpoint, tokenizer
-        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        # `stall_timeout_s`: no byte for that long (before the first token or between two) fails the request,
+        # so a server that stops answering mid-stream ends a load step instead of holding it for timeout_s.
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s, sock_read=stall_timeout_s)
         self._session: aiohttp.ClientSession | None = None
+        # vLLM started with --api-key guards /v1/*: the key is sent, never logged or stored
+        self._headers = {"Content-Type": "application/json",
+                         **({"Authorization": f"Bearer {api_key}"} if api_key else {})}
         # The simulator (`autotune sim-serve`) runs faster than wall time and says so in a header; its
         # chunks carry each token's simulated time, which then replaces the wall clock's timing.
         self.time_scale = 1.0
@@ -52,7 +66,7 @@ class StreamClient:
     async def __aenter__(self) -> "StreamClient":
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60), timeout=self._timeout,
-            headers={"Content-Type": "application/json"})
+            headers=self._headers)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -137,6 +151,8 @@ class StreamClient:
                         sim = obj.get("autotune_sim")
                         if sim:
                             sim_times += sim.get("token_times_s") or []
+        except aiohttp.SocketTimeoutError:  # sock_read: the server stopped answering this stream
+            return self._failed(prompt, start, f"{STALLED}: no byte for {self._timeout.sock_read:g} s")
         except Exception as e:  # noqa: BLE001 - every transport failure is a failed request, counted
             return self._failed(prompt, start, _one_line(e) or type(e).__name__)
         if error is not None or first is None:

@@ -60,7 +60,8 @@ async def run_load(base_url: str, model: str, workload: Workload, *, concurrency
                    rate: float | None = None, burstiness: float = 1.0, num_requests: int | None = None,
                    duration_s: float | None = None, warmup: int = 0, slo: SLO | None = None, seed: int = 0,
                    endpoint: str = "completions", tokenizer: str | None = None, timeout_s: float = 600,
-                   abort_on_slo: bool = False, settle: int = 0) -> Measurement:
+                   abort_on_slo: bool = False, settle: int = 0,
+                   stall_timeout_s: float | None = None, api_key: str | None = None) -> Measurement:
     """Measure one load level. `concurrency` alone: closed loop; `rate` (req/s, may be inf): open loop,
     Poisson or gamma by `burstiness`, capped at `concurrency` if both are given. Bounded by
     `num_requests` (default 200) or `duration_s`. `abort_on_slo` ends the run once `slo` is clearly lost
@@ -86,7 +87,8 @@ async def run_load(base_url: str, model: str, workload: Workload, *, concurrency
     warm = list(islice(stream, warmup))
     measured: Iterator[Prompt] = iter(list(islice(stream, num_requests + settle))) if num_requests else stream
 
-    async with StreamClient(base_url, model, endpoint=endpoint, timeout_s=timeout_s, tokenizer=tok) as client:
+    async with StreamClient(base_url, model, endpoint=endpoint, timeout_s=timeout_s, tokenizer=tok,
+                            stall_timeout_s=stall_timeout_s, api_key=api_key) as client:
         await check_server(client)
         if warm:
             warm_sink: list[RequestRecord] = []

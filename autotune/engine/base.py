@@ -74,11 +74,9 @@ class Server(ABC):
         """SIGTERM to the group, SIGKILL after grace; returns when the group is gone. Idempotent."""
 
     def log_tail(self, lines: int = 40) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return ""
-        return "\n".join(text.splitlines()[-lines:])
+        from autotune.engine.process import read_log
+
+        return "\n".join(read_log(self.log_path).splitlines()[-lines:])
 
 
 class Engine(ABC):

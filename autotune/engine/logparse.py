@@ -57,14 +57,23 @@ def parse_startup(text: str) -> dict[str, Any]:
 _FAILURES: tuple[tuple[str, re.Pattern[str]], ...] = (
     # argparse: "prog: error: unrecognized arguments: ...", "prog: error: argument --x: invalid ..."
     (causes.BAD_FLAG, re.compile(r"(?:^|\s)\S+: error: (?:unrecognized arguments|argument |the following arguments).*", re.M)),
-    # pydantic config validation (max-model-len above the model's, batched tokens below max seqs, ...)
-    (causes.BAD_FLAG, re.compile(r"\d+ validation errors? for \w*Config.*\n(?:.*\n)?.*", re.I)),
+    # Every flag parsed, but vLLM's config checks rejected the combination (bad_config, not a crash):
+    # pydantic validation of a *Config (max-model-len above the model's, batched tokens below max seqs
+    # or below max-model-len with chunked prefill off, ...), as 0.2x+ prints it ...
+    (causes.BAD_CONFIG, re.compile(r"\d+ validation errors? for \w*Config.*\n(?:.*\n)?.*", re.I)),
+    # ... and the same checks as plain ValueErrors (releases before the pydantic configs).
+    (causes.BAD_CONFIG, re.compile(r"ValueError: (?:max_num_batched_tokens|max_model_len|max_num_seqs|"
+                                   r"User-specified max_model_len)\b.*(?:smaller than|greater than|must be).*")),
     (causes.STARTUP_OOM, re.compile(r"Free memory on device.*less than desired GPU memory utilization.*", re.I)),
     (causes.STARTUP_OOM, re.compile(r"Available memory on node.*less than desired CPU memory utilization.*", re.I)),
     (causes.KV_TOO_SMALL, re.compile(r"To serve at least one request with the model\S* max seq len.*", re.I)),
     (causes.KV_TOO_SMALL, re.compile(r"No available memory for the cache blocks.*", re.I)),
     (causes.KV_TOO_SMALL, re.compile(r"insufficient KV cache memory.*|KV cache is needed, which is larger than.*", re.I)),
 )
+# A ValueError/TypeError raised while vLLM builds its config from the flags (before any engine process):
+# the traceback passes through create_engine_config. Checked after the specific memory causes.
+_CONFIG_FRAME = re.compile(r"in create_engine_config\b")
+_CONFIG_ERROR = re.compile(r"^(?:\(\w+ pid=\d+\)\s*)?((?:ValueError|TypeError|NotImplementedError): .*)$", re.M)
 _OOM = re.compile(r"(?:CUDA|HIP|XPU)? ?out of memory.*|OutOfMemoryError.*|Cannot allocate memory.*", re.I)
 _READY = re.compile(r"Application startup complete|Starting vLLM (?:API )?server on", re.I)
 # A line that names the error when nothing more specific matched.
@@ -75,6 +84,15 @@ _GENERIC = re.compile(
 )
 _PREFIX = re.compile(r"^\(\w+ pid=\d+\)\s*(?:(?:ERROR|WARNING|INFO) [^\]]*\]\s*)?")
 _SIGNALS = {9: "SIGKILL (killed, often the kernel OOM killer)", 11: "SIGSEGV", 6: "SIGABRT", 15: "SIGTERM"}
+
+
+_PORT_IN_USE = re.compile(r"Address already in use|EADDRINUSE|\[Errno 98\]", re.I)
+
+
+def port_in_use(text: str) -> bool:
+    """The server could not bind its port (or an internal one) because another process holds it:
+    vLLM's `OSError: [Errno 98] Address already in use` from create_server_socket, or ZMQ's wording."""
+    return _PORT_IN_USE.search(text) is not None
 
 
 def _one_line(text: str, limit: int = 300) -> str:
@@ -103,6 +121,11 @@ def classify_failure(text: str, exit_code: int | None) -> tuple[str, str]:
         if match:
             return cause, _one_line(match.group(0))
     ready = _READY.search(text)
+    frame = _CONFIG_FRAME.search(text)
+    if frame is not None and ready is None:
+        error = _CONFIG_ERROR.search(text, frame.end())
+        if error:
+            return causes.BAD_CONFIG, _one_line(error.group(1))
     oom = _OOM.search(text)
     if oom:
         after_ready = ready is not None and oom.start() > ready.start()

@@ -78,6 +78,42 @@ def spawn(argv: Sequence[str], log_path: Path, env: Mapping[str, str] | None = N
         )
 
 
+LOG_HEAD_BYTES = 256 * 1024       # the start of a server's log: its banner and startup figures
+LOG_TAIL_BYTES = 1024 * 1024      # the end: why it died
+
+
+def write_log_header(log_path: Path, text: str) -> None:
+    """Append autotune's own line to a server log before the launch, flushed to the disk's answer, so a
+    log that cannot be written (ENOSPC, a read-only or full device) is an OSError here rather than a
+    server writing into the void."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    with open(log_path, "ab") as log:
+        log.write(f"# autotune {stamp}: {text}\n".encode())
+        log.flush()
+        os.fsync(log.fileno())
+
+
+def read_log(path: Path, offset: int = 0) -> str:
+    """What a server wrote from `offset` on, bounded: the first LOG_HEAD_BYTES and the last LOG_TAIL_BYTES
+    when there is more. Bounded also because a log may be a device that never ends (a log pointed at
+    /dev/full reads back endless NULs); NULs are dropped. "" when the file cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            data = f.read(LOG_HEAD_BYTES + LOG_TAIL_BYTES + 1)
+            if len(data) > LOG_HEAD_BYTES + LOG_TAIL_BYTES:
+                size = os.fstat(f.fileno()).st_size
+                tail = b""
+                if size > offset + LOG_HEAD_BYTES + LOG_TAIL_BYTES:  # a regular file: its real end
+                    f.seek(size - LOG_TAIL_BYTES)
+                    tail = f.read(LOG_TAIL_BYTES)
+                data = data[:LOG_HEAD_BYTES] + b"\n[... autotune: log cut here ...]\n" + tail
+    except OSError:
+        return ""
+    return data.replace(b"\x00", b"").decode("utf-8", errors="replace")
+
+
 def record_of(pid: int) -> ProcessRecord:
     """The (pid, pgid, create_time) triple the runner stores for kill_leftovers."""
     return ProcessRecord(pid=pid, pgid=os.getpgid(pid), create_time=psutil.Process(pid).create_time())

@@ -29,7 +29,8 @@ import psutil
 from autotune import causes
 from autotune.engine.base import Engine, EngineFailure, LaunchRequest, Server, StartupInfo
 from autotune.engine.logparse import classify_failure, parse_startup
-from autotune.engine.process import ProcessRecord, find_free_port, spawn, stop_group, wait_port_free
+from autotune.engine.process import (ProcessRecord, find_free_port, read_log, spawn, stop_group,
+                                     wait_port_free)
 from autotune.errors import UserError
 
 _OPTION = re.compile(r"(?<![\w-])--[A-Za-z0-9][A-Za-z0-9_.-]*")
@@ -41,12 +42,7 @@ _GPU_RELEASE_SLACK = 512 * 1024**2  # bytes above the launch baseline that count
 
 
 def _log_since(path: Path, offset: int) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(offset)
-            return f.read().decode("utf-8", errors="replace")
-    except OSError:
-        return ""
+    return read_log(path, offset)
 
 
 def _tail(text: str, lines: int = 40) -> str:

@@ -11,6 +11,7 @@ from typing import Any, Sequence
 import yaml
 
 from autotune.flags import flags_to_mapping
+from autotune.redact import REDACTED, SECRET_FLAGS
 from autotune.store.models import StudyRecord, TrialRecord
 from autotune.tuner.verdict import flags_of
 
@@ -19,10 +20,26 @@ def _quality_used(study: StudyRecord, trial: TrialRecord) -> list[str]:
     return [k for k in (study.quality_knobs or []) if k in (trial.params or {})]
 
 
+def _withheld(study: StudyRecord, trial: TrialRecord) -> list[str]:
+    """Secret flags the study used: never stored, so an export leaves them to the deployer."""
+    flags = [str(f).split("=", 1)[0] for f in [*study.fixed_flags, *trial.flags]]
+    return [f for f in SECRET_FLAGS if f in flags]
+
+
+def _secret_note(study: StudyRecord, trial: TrialRecord) -> str:
+    withheld = _withheld(study, trial)
+    if not withheld:
+        return ""
+    return (f"# secrets are never stored: {', '.join(withheld)} left out; give them yourself "
+            "(--api-key: the VLLM_API_KEY environment variable)\n")
+
+
 def config_mapping(study: StudyRecord, trial: TrialRecord) -> dict[str, Any]:
     out: dict[str, Any] = {"model": study.model}
     for name, value in flags_to_mapping([*study.fixed_flags, *trial.flags]).items():
         key = name.replace("_", "-")
+        if "--" + key in SECRET_FLAGS or value == REDACTED:
+            continue
         if value is False:
             out["no-" + key] = True
         else:
@@ -51,7 +68,7 @@ def vllm_yaml(study: StudyRecord, trial: TrialRecord, verdict: Sequence[str] = (
     if quality:
         head.append(f"# WARNING: changes output quality: {', '.join(quality)} - validate accuracy before deploying")
     head.append(f"# run: vllm serve --config THIS_FILE   (engine {trial.engine_version or 'unknown version'})")
-    return "\n".join(head) + "\n" + yaml.safe_dump(config_mapping(study, trial), sort_keys=False)
+    return "\n".join(head) + "\n" + _secret_note(study, trial) + yaml.safe_dump(config_mapping(study, trial), sort_keys=False)
 
 
 def serve_command(study: StudyRecord, trial: TrialRecord, verdict: Sequence[str] = ()) -> str:
@@ -60,18 +77,34 @@ def serve_command(study: StudyRecord, trial: TrialRecord, verdict: Sequence[str]
         cmd.append(study.model)
     else:
         cmd += ["--model", study.model]
-    cmd += [*study.fixed_flags, *trial.flags]
+    cmd += _without_secrets([*study.fixed_flags, *trial.flags])
     text = " ".join(shlex.quote(c) for c in cmd)
     quality = _quality_used(study, trial)
     note = f"# WARNING: changes output quality: {', '.join(quality)}\n" if quality else ""
-    return "".join(f"# {line}\n" for line in verdict) + note + text + "\n"
+    return "".join(f"# {line}\n" for line in verdict) + note + _secret_note(study, trial) + text + "\n"
+
+
+def _without_secrets(flags: list[str]) -> list[str]:
+    out: list[str] = []
+    skip = False
+    for flag in (str(f) for f in flags):
+        if skip and not flag.startswith("--"):
+            skip = False
+            continue
+        skip = False
+        if flag.split("=", 1)[0] in SECRET_FLAGS:
+            skip = "=" not in flag
+            continue
+        out.append(flag)
+    return out
 
 
 def as_json(study: StudyRecord, trial: TrialRecord, verdict: Sequence[str] = ()) -> str:
     return json.dumps({
         "study": study.name, "trial": trial.number, "role": trial.role, "model": study.model,
         "slo": study.slo, "objectives": trial.objectives, "constraints": trial.constraints,
-        "params": trial.params, "flags": [*study.fixed_flags, *trial.flags], "config": config_mapping(study, trial),
+        "params": trial.params, "flags": _without_secrets([*study.fixed_flags, *trial.flags]),
+        "withheld_secret_flags": _withheld(study, trial), "config": config_mapping(study, trial),
         "quality_knobs": _quality_used(study, trial), "metrics": trial.metrics, "capacity": trial.capacity,
         "telemetry": trial.telemetry, "kv_cache_tokens": trial.kv_cache_tokens,
         "engine_version": trial.engine_version, "hardware": trial.hardware, "workload": trial.workload,

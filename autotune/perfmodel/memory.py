@@ -140,7 +140,7 @@ def validate(profile: ModelProfile, cfg: EngineConfig, num_gpus: int) -> str | N
 
 
 def memory_budget(profile: ModelProfile, cfg: EngineConfig, gpu: GPU, num_gpus: int) -> MemoryBudget:
-    """The per-GPU budget and whether vLLM would start. Config errors come first (cause bad_flag),
+    """The per-GPU budget and whether vLLM would start. Config errors come first (cause bad_config),
     then weights against the device (startup_oom), then the KV cache (kv_too_small)."""
     total = gpu.memory_gib
     requested = math.ceil(gpu.memory_bytes * cfg.gmu) / GiB
@@ -161,7 +161,7 @@ def memory_budget(profile: ModelProfile, cfg: EngineConfig, gpu: GPU, num_gpus: 
                           concurrency, capture_sizes(cfg.max_num_seqs, cfg.enforce_eager), True, None, "")
     error = validate(profile, cfg, num_gpus)
     if error:
-        budget.fits, budget.cause, budget.reason = False, causes.BAD_FLAG, error
+        budget.fits, budget.cause, budget.reason = False, causes.BAD_CONFIG, error
     elif weights + other > total:
         free_mib = max(0.0, total - other - (weights - weights / max(profile.num_layers, 1))) * 1024
         budget.fits, budget.cause = False, causes.STARTUP_OOM

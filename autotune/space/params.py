@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -17,6 +18,10 @@ _KEYS = {"type", "low", "high", "step", "log", "choices", "default", "flag", "wh
          "requires_gpus", "help"}
 # A categorical choice that means "leave the flag off" (e.g. quantization: none).
 NONE_CHOICES = ("none", None)
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 @dataclass(frozen=True)
@@ -47,12 +52,19 @@ class ParamSpec:
         if kind not in _KINDS:
             raise UserError(f"{where}: type must be one of {', '.join(_KINDS)}")
         flag = raw.get("flag") or "--" + name.replace("_", "-")
+        if not isinstance(flag, str) or not flag.startswith("--"):
+            raise UserError(f"{where}: flag must be a --long-option, not {flag!r}")
+        if not isinstance(raw.get("when") or {}, Mapping):
+            raise UserError(f"{where}: when must map parameter names to allowed values")
         when = {str(k): tuple(v if isinstance(v, list) else [v]) for k, v in (raw.get("when") or {}).items()}
-        common = dict(name=name, kind=kind, default=raw.get("default"), flag=str(flag), when=when,
-                      quality=bool(raw.get("quality", False)), requires_gpus=int(raw.get("requires_gpus", 1)))
+        gpus = raw.get("requires_gpus", 1)
+        if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 1:
+            raise UserError(f"{where}: requires_gpus must be a whole number >= 1, not {gpus!r}")
+        common = dict(name=name, kind=kind, default=raw.get("default"), flag=flag, when=when,
+                      quality=bool(raw.get("quality", False)), requires_gpus=gpus)
         if kind in ("int", "float"):
             low, high = raw.get("low"), raw.get("high")
-            if not isinstance(low, (int, float)) or not isinstance(high, (int, float)) or isinstance(low, bool):
+            if not _finite(low) or not _finite(high):
                 raise UserError(f"{where}: {kind} needs numeric low and high")
             if low > high:
                 raise UserError(f"{where}: low {low} is above high {high}")
@@ -61,7 +73,7 @@ class ParamSpec:
                 raise UserError(f"{where}: a log range needs low > 0")
             if log and step not in (None, 1):
                 raise UserError(f"{where}: log and step cannot be combined")
-            if step is not None and (not isinstance(step, (int, float)) or step <= 0):
+            if step is not None and (not _finite(step) or step <= 0):
                 raise UserError(f"{where}: step must be a positive number")
             if kind == "int" and (int(low) != low or int(high) != high):
                 raise UserError(f"{where}: int bounds must be whole numbers")

@@ -40,6 +40,9 @@ class SearchSpace:
     params: dict[str, ParamSpec]
     fixed_flags: list[str] = field(default_factory=list)
     source: str = "inline"
+    # The model's own maximum length (space/model_len.py) for the known-constraint check; set for the
+    # study's model before the search starts, not part of the fingerprint (it is the model's, not the space's).
+    model_max_len: int | None = None
 
     @classmethod
     def load(cls, ref: str | Mapping[str, Any], base_dir: Path | None = None) -> "SearchSpace":
@@ -97,7 +100,7 @@ class SearchSpace:
         for p in list(keep.values()):  # a conditional param whose parent was dropped goes too
             if any(parent not in keep for parent in p.when):
                 del keep[p.name]
-        return SearchSpace(keep, list(self.fixed_flags), self.source)
+        return SearchSpace(keep, list(self.fixed_flags), self.source, self.model_max_len)
 
     @property
     def quality_params(self) -> list[str]:
@@ -151,7 +154,7 @@ class SearchSpace:
 
     def violations(self, params: Mapping[str, Any], fixed_flags: Sequence[str], num_gpus: int) -> list[str]:
         effective = {**flags_to_mapping(fixed_flags), **flags_to_mapping(self.render(params))}
-        return violations(effective, num_gpus)
+        return violations(effective, num_gpus, self.model_max_len)
 
     def flag_names(self) -> list[str]:
         """Every flag the space can emit, both boolean forms included, for the `--help` check."""

@@ -11,6 +11,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
 from autotune.errors import UserError
+from autotune.redact import Redactor, redact_flags
 from autotune.store.migrate import migrate
 from autotune.store.models import (Base, ConfirmationRecord, ProcessRecord, SeriesRecord, StudyRecord,
                                    TrialRecord, utcnow)
@@ -46,9 +47,42 @@ def storage_exists(url: str) -> bool:
         return False
 
 
+# Columns that hold text a server or a user wrote (flags, commands, log lines, error details): scrubbed of
+# the shapes of secrets on the way in (autotune/redact.py), whoever the caller is.
+_FREE_TEXT = frozenset({"engine_command", "fixed_flags", "spec", "flags", "detail", "log_tail", "workload"})
+
+
+def _scrubbed(fields: dict[str, Any], redactor: Redactor) -> dict[str, Any]:
+    out = dict(fields)
+    for key in _FREE_TEXT & out.keys():
+        value = out[key]
+        out[key] = redact_flags(value) if key in ("engine_command", "fixed_flags", "flags") and isinstance(
+            value, list) else value
+        out[key] = redactor.obj(out[key])
+    return out
+
+
+def storage_failure(exc: BaseException) -> str | None:
+    """One line for an error that means the storage (or the disk under it) cannot be written: a full
+    or read-only disk, a file size limit, SQLite's I/O errors. None for anything else (a bug)."""
+    import errno
+
+    from sqlalchemy.exc import OperationalError
+
+    if isinstance(exc, OperationalError):
+        text = str(getattr(exc, "orig", exc)).strip().splitlines()[0]
+        if any(w in text.lower() for w in ("disk", "full", "readonly", "read-only", "unable to open")):
+            return text
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EROFS):
+        return f"{exc.strerror} ({exc.filename})" if exc.filename else str(exc.strerror)
+    return None
+
+
 class ResultStore:
-    def __init__(self, url: str, create: bool = True):
+    def __init__(self, url: str, create: bool = True, redactor: Redactor | None = None):
         self.url = url
+        # Known secret values of the study (Redactor.for_engine); the shapes of unknown ones are scrubbed anyway.
+        self.redactor = redactor or Redactor()
         path = sqlite_path(url)
         if path is not None:
             if not create and not path.is_file():
@@ -95,7 +129,7 @@ class ResultStore:
         with self.session() as s:
             rec = s.scalar(select(StudyRecord).where(StudyRecord.name == fields["name"]))
             if rec is None:
-                rec = StudyRecord(**fields)
+                rec = StudyRecord(**_scrubbed(fields, self.redactor))
                 s.add(rec)
                 s.commit()
                 return rec
@@ -106,7 +140,9 @@ class ResultStore:
 
     # trials ----------------------------------------------------------------------------------------
     def _upsert(self, model: type, key: dict[str, Any], fields: dict[str, Any]) -> Any:
-        """Insert the row with `key`, or update its `fields`, in one short transaction."""
+        """Insert the row with `key`, or update its `fields`, in one short transaction; free text is
+        scrubbed of secrets whoever writes it."""
+        fields = _scrubbed(fields, self.redactor)
         with self.session() as s:
             rec = s.scalar(select(model).filter_by(**key))
             if rec is None:

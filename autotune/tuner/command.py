@@ -133,6 +133,7 @@ def prepare_spec(raw: dict[str, Any], source: str, base_dir: Path | None) -> dic
     space = SearchSpace.load(spec.search_space, base_dir).narrowed(spec.num_gpus, spec.quality_opt_in)
     if not space.params:
         raise UserError("the search space has nothing left to tune on this host")
+    space.model_max_len = _model_max_len(spec)
     if spec.baseline:
         unknown = [k for k in spec.baseline if not re.fullmatch(r"[a-z][a-z0-9_]*", str(k))]
         if unknown:
@@ -160,6 +161,18 @@ def prepare_spec(raw: dict[str, Any], source: str, base_dir: Path | None) -> dic
         raise UserError(f"the engine does not know flag(s) {', '.join(unknown)} (checked against its --help)")
     return dict(spec=spec, space=space, engine=engine, telemetry=source, n_trials=n_trials, timeout_s=timeout_s,
                 fixed_flags=fixed, engine_command=command, predict=_predictor(spec))
+
+
+def _model_max_len(spec: StudySpec) -> int | None:
+    """What vLLM will take as the maximum length when no flag fixes it: the model directory's config.json,
+    or for the simulator the profile it serves."""
+    from autotune.space.model_len import model_max_len
+
+    if spec.engine.kind == "sim":
+        from autotune.perfmodel.profiles import find_profile
+        profile = find_profile(spec.model)
+        return profile.max_position if profile is not None else None
+    return model_max_len(spec.model)
 
 
 def _predictor(spec: StudySpec) -> Any:

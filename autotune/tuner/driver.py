@@ -413,14 +413,6 @@ class StudyDriver:
             if not all(v <= 0 for v in constraints.values()):
                 outcome.state = "infeasible"
             trial.set_user_attr("measured", True)
-        lost = False
-        try:
-            for key, value in constraints.items():
-                trial.set_constraint(key, float(value) if math.isfinite(value) else 1e9)
-            trial.set_user_attr("cause", outcome.cause)
-            self.study.tell(trial, told)
-        except (UpdateFinishedTrialError, ValueError, RuntimeError):
-            lost = True    # another process judged us dead and re-queued these parameters
         evidence = outcome_evidence(outcome)
         if outcome.startup is not None and outcome.startup.engine_version:
             # The API server has no --version: its version is known once one launch has logged its banner.
@@ -428,16 +420,26 @@ class StudyDriver:
             self.identity["engine_version"] = self.engine_version
         evidence["engine_version"] = self.engine_version
         measured = dict(zip(self.spec.objectives, values)) if values is not None else {}
-        if lost:
-            evidence.update(state="interrupted", cause=causes.INTERRUPTED,
-                            detail="finished after another process had judged it dead (its heartbeat was stale) "
-                                   "and re-queued its parameters")
         overlap = self._overlap_fields(job)
         flags = sorted(set(overlap.pop("measurement_flags")) | set(evidence.pop("measurement_flags", None) or ())
                        | ({"client_saturated"} if outcome.cause == causes.CLIENT_SATURATED else set()))
+        # The evidence is written before Optuna is told: a storage that fails here (disk full) leaves the
+        # trial RUNNING in Optuna and 'running' in our table, which recovery re-queues; nothing half-told.
         self.store.save_trial(self.record.id, job.number, objectives=measured, constraints=constraints,
                               finished_at=utcnow(), identity=self.identity, measurement_flags=flags,
                               **overlap, **evidence)
+        try:
+            for key, value in constraints.items():
+                trial.set_constraint(key, float(value) if math.isfinite(value) else 1e9)
+            trial.set_user_attr("cause", outcome.cause)
+            self.study.tell(trial, told)
+        except (UpdateFinishedTrialError, ValueError, RuntimeError):
+            # another process judged us dead (stale heartbeat) and re-queued these parameters
+            evidence.update(state="interrupted", cause=causes.INTERRUPTED,
+                            detail="finished after another process had judged it dead (its heartbeat was stale) "
+                                   "and re-queued its parameters")
+            self.store.save_trial(self.record.id, job.number, state=evidence["state"], cause=evidence["cause"],
+                                  detail=evidence["detail"])
         if outcome.measurement is not None:
             rec = self.store.trial(self.record.id, job.number)
             assert rec is not None

@@ -20,10 +20,13 @@ from autotune import causes
 from autotune.bench import find_capacity, parse_workload, run_load
 from autotune.bench import measurement_flags as mflags
 from autotune.bench.capacity import capacity_tps
+from autotune.bench.client import STALLED, stalled_requests
 from autotune.bench.results import CapacityResult, Measurement
 from autotune.engine.base import Engine, EngineFailure, LaunchRequest, Server, StartupInfo
-from autotune.engine.process import find_free_port
+from autotune.engine.logparse import port_in_use
+from autotune.engine.process import find_free_port, write_log_header
 from autotune.errors import UserError
+from autotune.redact import Redactor, api_key_of
 from autotune.spec import StudySpec
 from autotune.store.repository import ResultStore
 from autotune.telemetry import objectives as telemetry_objectives
@@ -53,6 +56,19 @@ class TrialOutcome:
 
 
 Phase = Callable[[str], None]
+PORT_ATTEMPTS = 3   # launches of one candidate when its port is taken before the server binds it
+
+
+@dataclass
+class _Launch:
+    """What every launch attempt of one trial shares (a retry changes only the port)."""
+
+    flags: list[str]
+    log_path: Path
+    gpus: list[int]
+    env: dict[str, str]
+    cores: tuple[int, ...]
+    seed: int
 
 
 class TrialRunner:
@@ -68,6 +84,8 @@ class TrialRunner:
         self.workload = parse_workload(spec.workload)
         self.slo = spec.slo_obj
         self.tokenizer = spec.model if Path(spec.model).is_dir() else None
+        self.api_key = api_key_of(self.fixed_flags, spec.engine.env)
+        self.redactor = Redactor.for_engine(spec.engine.env, self.fixed_flags, getattr(engine, "command", ()))
 
     # ------------------------------------------------------------------------------------------------
     def precheck(self, flags: Sequence[str], violations: Sequence[str]) -> TrialOutcome | None:
@@ -96,7 +114,6 @@ class TrialRunner:
         all_flags = [*self.fixed_flags, *flags]
         log_path = self.log_dir / (log_name or f"trial-{number:04d}.log")
         gpus = list(lease.gpus) if lease is not None else list(self.spec.gpus)
-        port = lease.port if lease is not None else find_free_port()
         env = dict(self.spec.engine.env)
         cores: tuple[int, ...] = ()
         if lease is not None:
@@ -107,24 +124,53 @@ class TrialRunner:
             if self.spec.engine.kind == "vllm" and not gpus and cores and set(cores) < _affinity():
                 # the CPU build binds its OpenMP threads itself: to this lease's share, when it is one
                 env.setdefault("VLLM_CPU_OMP_THREADS_BIND", format_cpulist(cores))
-        phase(f"starting {self.engine.name} on port {port}")
-        request = LaunchRequest(model=self.spec.model, flags=all_flags, port=port, log_path=log_path,
-                                gpus=gpus, env=env, startup_timeout_s=self.spec.engine.startup_timeout_s,
-                                cores=cores)
+        launch = _Launch(all_flags, log_path, gpus, env, cores, self.spec.seed if seed is None else seed)
         pinned = _pin_thread(cores)
         try:
-            server = self.engine.launch(request)
-            record_id = self._register(server, port)
-            try:
-                with interruptible():
-                    return self._serve(server, phase, log_path, gpus, self.spec.seed if seed is None else seed)
-            finally:
-                phase("stopping server")
-                server.stop()
-                self.store.forget_process(record_id)
-                self.engine.release_wait(port, gpus)
+            for attempt in range(1, PORT_ATTEMPTS + 1):
+                # the lease's own port first; a retry takes any free one (the lease's was taken from outside)
+                port = lease.port if lease is not None and attempt == 1 else find_free_port()
+                try:  # autotune's own line first: a log that cannot be written (disk full) fails here, cleanly
+                    write_log_header(log_path, f"trial {number}, attempt {attempt}, port {port}")
+                except OSError as e:
+                    return TrialOutcome("failed", causes.CRASH, f"cannot write the trial log {log_path}: "
+                                        f"{e.strerror or e}; not launched", log_path=str(log_path))
+                outcome = self._launch_and_serve(launch, port, phase)
+                # Another process took the port between choosing it and the server's bind: not the
+                # candidate's fault, so the same candidate is launched again on a new port.
+                if outcome.startup is None and port_in_use(outcome.log_tail or "") and attempt < PORT_ATTEMPTS:
+                    phase(f"port {port} was taken before the server bound it; retrying on a new port")
+                    continue
+                return self._redacted(outcome, log_path)
+            raise AssertionError("unreachable")
         finally:
             _pin_thread(pinned)
+
+    def _launch_and_serve(self, launch: "_Launch", port: int, phase: Phase) -> TrialOutcome:
+        phase(f"starting {self.engine.name} on port {port}")
+        request = LaunchRequest(model=self.spec.model, flags=launch.flags, port=port, log_path=launch.log_path,
+                                gpus=launch.gpus, env=launch.env, startup_timeout_s=self.spec.engine.startup_timeout_s,
+                                cores=launch.cores)
+        server = self.engine.launch(request)
+        record_id = self._register(server, port)
+        outcome: TrialOutcome | None = None
+        try:
+            with interruptible():
+                outcome = self._serve(server, phase, launch.log_path, launch.gpus, launch.seed)
+            return outcome
+        finally:
+            phase("stopping server")
+            server.stop()
+            self.store.forget_process(record_id)
+            if outcome is None or not (outcome.startup is None and port_in_use(outcome.log_tail or "")):
+                self.engine.release_wait(port, launch.gpus)   # (a port someone else holds is never released)
+            self.redactor.file(launch.log_path)
+
+    def _redacted(self, outcome: TrialOutcome, log_path: Path) -> TrialOutcome:
+        """What vLLM said, without the study's secrets: the detail and log tail are stored and shown."""
+        outcome.detail = self.redactor.text(outcome.detail)
+        outcome.log_tail = self.redactor.text(outcome.log_tail)
+        return outcome
 
     def _register(self, server: Server, port: int) -> int:
         try:
@@ -148,12 +194,15 @@ class TrialRunner:
                                                          server_url=server.url), hz=self.spec.telemetry.hz)
         sampler.start()
         t0 = time.monotonic()
+        hung: str | None = None
         try:
-            measurement, capacity = self._measure(server.url, phase, seed)
-        except UserError:
-            if server.failure() is None:  # the server is up: a real usage error
-                raise
-            measurement, capacity = None, None  # it died under load (e.g. runtime OOM): a failed trial
+            measurement, capacity, stalled = self._measure(server.url, phase, seed)
+        except UserError as e:
+            measurement, capacity, stalled = None, None, 0
+            if server.failure() is None:
+                if STALLED not in str(e):  # the server is up and answering: a real usage error
+                    raise
+                hung = f"server stopped answering: {e}"   # e.g. every warm-up request stalled
         finally:
             summary = sampler.stop()
         elapsed = time.monotonic() - t0
@@ -162,6 +211,12 @@ class TrialRunner:
                                log_tail=server.log_tail())
         if died is not None:
             outcome.state, outcome.cause, outcome.detail = "failed", died.cause, died.detail
+            return outcome
+        if stalled and hung is None:
+            hung = (f"server stopped answering mid-stream: {stalled} request(s) got no byte for "
+                    f"{self.spec.load.stall_timeout_s:g} s while the process kept running")
+        if hung is not None:  # alive but hung: its numbers would measure the hang, not the candidate
+            outcome.state, outcome.cause, outcome.detail = "failed", causes.CRASH, hung
             return outcome
         assert measurement is not None
         outcome.measurement = measurement
@@ -174,18 +229,21 @@ class TrialRunner:
             outcome.detail = f"load generator saturated: {measurement.client.note}"
         return outcome
 
-    def _measure(self, url: str, phase: Phase, seed: int) -> tuple[Measurement | None, dict[str, Any] | None]:
+    def _measure(self, url: str, phase: Phase, seed: int) -> tuple[Measurement | None, dict[str, Any] | None, int]:
+        """The measurement, the capacity search's record (None for a fixed load) and how many requests
+        the server stopped answering (stalled)."""
         load = self.spec.load
         model = self.spec.model
         if load.mode == "fixed":
             phase(f"load: {'concurrency ' + str(load.concurrency) if load.concurrency else f'rate {load.rate}/s'}")
             m = run_async(run_load(url, model, self.workload, concurrency=load.concurrency, rate=load.rate,
                                      num_requests=load.num_requests, warmup=load.warmup, slo=self.slo,
-                                     seed=seed, endpoint=load.endpoint, tokenizer=self.tokenizer))
+                                     seed=seed, endpoint=load.endpoint, tokenizer=self.tokenizer,
+                                     stall_timeout_s=load.stall_timeout_s, api_key=self.api_key))
             m.flags = mflags.merge([mflags.CLIENT_SATURATED] if m.client.saturated else [],
                                    [mflags.PREFIX_HITS] if mflags.prefix_flattered(
                                        m.metrics.get("prefix_cache_hit_pct"), self.workload.kind) else [])
-            return m, None
+            return m, None, stalled_requests(m.records)
 
         def on_step(step: Any) -> None:
             if step.measurement.aborted_early:
@@ -200,7 +258,8 @@ class TrialRunner:
             url, model, self.workload, self.slo, search=load.search, max_steps=load.max_steps,
             requests_per_step=load.requests_per_step, warmup=load.warmup, seed=seed,
             tokenizer=self.tokenizer, on_step=on_step, min_waves=load.min_waves, min_step_s=load.min_step_s,
-            max_bracket=load.max_bracket, refine_steps=load.refine_steps))
+            max_bracket=load.max_bracket, refine_steps=load.refine_steps, stall_timeout_s=load.stall_timeout_s,
+            api_key=self.api_key))
         chosen = cap.at_capacity or (cap.steps[0].measurement if cap.steps else None)
         info = {"mode": cap.mode, "capacity": cap.capacity, "cache_reset": cap.cache_reset, "note": cap.note,
                 "bracket": list(cap.bracket), "measurement_flags": list(cap.flags), "seed": seed,
@@ -214,7 +273,7 @@ class TrialRunner:
                            "total_output_tokens": s.measurement.metrics.get("total_output_tokens"),
                            "failed": s.measurement.metrics.get("failed"),
                            "aborted_early": s.measurement.aborted_early} for s in cap.steps]}
-        return chosen, info
+        return chosen, info, sum(stalled_requests(s.measurement.records) for s in cap.steps)
 
     def _observe(self, m: Measurement, capacity: dict[str, Any] | None, summary: TelemetrySummary,
                  elapsed: float, n_gpus: int) -> dict[str, float]:

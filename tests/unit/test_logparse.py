@@ -42,7 +42,9 @@ def test_cpu_032_log_named_startup_memory_is_really_a_compiled_start():
 
 @pytest.mark.parametrize("name, exit_code, cause, quoted", [
     ("gpu-vllm0.24-bad-flag.log", 2, causes.BAD_FLAG, "unrecognized arguments: --max-num-seqz"),
-    ("gpu-vllm0.24-max-model-len-invalid.log", 1, causes.BAD_FLAG, "User-specified max_model_len (131072)"),
+    ("gpu-vllm0.24-max-model-len-invalid.log", 1, causes.BAD_CONFIG, "User-specified max_model_len (131072)"),
+    ("cpu-vllm0.32-bad-config-batched-below-model-len.log", 1, causes.BAD_CONFIG,
+     "max_num_batched_tokens (512) is smaller than max_model_len (2048)"),
     ("gpu-vllm0.24-startup-free-memory.log", 1, causes.STARTUP_OOM,
      "Free memory on device cuda:0 (78.77/139.8 GiB) on startup is less than desired GPU memory utilization"),
     ("gpu-vllm0.24-startup-kv-too-small.log", 1, causes.KV_TOO_SMALL,
@@ -101,7 +103,10 @@ def test_other_wordings_across_versions():
         "is needed": causes.KV_TOO_SMALL,
         "vllm serve: error: argument --max-num-seqs: invalid int value: 'lots'": causes.BAD_FLAG,
         "pydantic_core._pydantic_core.ValidationError: 1 validation error for SchedulerConfig\n"
-        "  Value error, max_num_batched_tokens (16) is smaller than max_num_seqs (64)": causes.BAD_FLAG,
+        "  Value error, max_num_batched_tokens (16) is smaller than max_num_seqs (64)": causes.BAD_CONFIG,
+        # the report: an older release raising the scheduler check as a plain ValueError
+        "ValueError: max_num_batched_tokens (3055) is smaller than max_model_len (4096). This effectively "
+        "limits the maximum sequence length": causes.BAD_CONFIG,
         "ValueError: Free memory on device (12.1/79.2 GiB) on startup is less than desired GPU memory "
         "utilization (0.9, 71.3 GiB)": causes.STARTUP_OOM,
     }
@@ -114,3 +119,15 @@ def test_other_wordings_across_versions():
 def test_version_from_older_banner_and_engine_line():
     assert parse_startup("INFO api_server.py:1] vLLM API server version 0.6.3.post1")["engine_version"] == "0.6.3.post1"
     assert parse_startup("Initializing a V1 LLM engine (v0.11.0) with config")["engine_version"] == "0.11.0"
+
+
+def test_a_value_error_while_vllm_builds_its_config_is_bad_config_not_crash():
+    trace = ("Traceback (most recent call last):\n"
+             '  File "vllm/engine/arg_utils.py", line 1, in create_engine_config\n'
+             "    raise ValueError(...)\n"
+             "(APIServer pid=3) ValueError: Tensor parallel size (3) must divide the number of attention heads (32).\n")
+    cause, detail = classify_failure(trace, 1)
+    assert (cause, detail) == (causes.BAD_CONFIG,
+                               "ValueError: Tensor parallel size (3) must divide the number of attention heads (32).")
+    # the same ValueError raised elsewhere (in the engine core, after config) stays a crash
+    assert classify_failure(trace.replace("create_engine_config", "run_engine_core"), 1)[0] == causes.CRASH

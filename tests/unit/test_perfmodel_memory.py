@@ -81,9 +81,9 @@ def test_expert_parallel_spreads_experts_over_dp():
     (["--max-model-len", "999999"], 1, "greater than the derived max_model_len"),
     (["--tensor-parallel-size", "2"], 1, "larger than the number of available GPUs"),
 ])
-def test_config_errors_are_bad_flags(flags, gpus, words):
+def test_config_errors_are_bad_config(flags, gpus, words):
     b = plan("llama-3.1-8b", flags, "H100", gpus).budget
-    assert not b.fits and b.cause == causes.BAD_FLAG and words in b.reason
+    assert not b.fits and b.cause == causes.BAD_CONFIG and words in b.reason
 
 
 def test_capture_sizes_match_vllm():

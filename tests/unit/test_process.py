@@ -158,3 +158,16 @@ def test_find_free_port_and_wait_port_free():
     finally:
         listener.close()
     assert wait_port_free(port, timeout=2.0) is True
+
+
+def test_read_log_is_bounded_even_on_a_device_that_never_ends(tmp_path):
+    from autotune.engine.process import LOG_HEAD_BYTES, LOG_TAIL_BYTES, read_log
+
+    assert read_log(Path("/dev/full")).strip() == "[... autotune: log cut here ...]"   # endless NULs, bounded
+    big = tmp_path / "big.log"
+    big.write_bytes(b"BANNER\n" + b"x" * (3 * LOG_TAIL_BYTES) + b"\nValueError: the root cause\n")
+    text = read_log(big)
+    assert text.startswith("BANNER") and text.endswith("ValueError: the root cause\n")
+    assert "[... autotune: log cut here ...]" in text and len(text) < LOG_HEAD_BYTES + LOG_TAIL_BYTES + 100
+    assert read_log(big, offset=big.stat().st_size - 5) == "ause\n"
+    assert read_log(tmp_path / "missing.log") == ""

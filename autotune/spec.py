@@ -206,7 +206,8 @@ class StudySpec(_Strict):
     def join_hash(self) -> str:
         """What every host joining a study must share: the identity without the GPU indices (each host
         or daemon brings its own pool; the GPU model is compared separately)."""
-        body = self.model_dump(exclude={"budget", "storage", "name", "enqueue", "exclusive", "gpus", "keep_series"})
+        body = self.model_dump(exclude={"budget", "storage", "name", "enqueue", "exclusive", "gpus", "keep_series",
+                                       "confirm"})
         body["engine"].pop("env", None)
         return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()[:16]
 

@@ -10,7 +10,7 @@ import importlib.util
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import psutil
 import pytest
@@ -185,10 +185,11 @@ class TakenPort:
 
 @pytest.fixture()
 def taken_port_first(monkeypatch: pytest.MonkeyPatch) -> Iterator[TakenPort]:
-    """The trial runner's first port is one another socket has just bound (the race between choosing a
-    free port and the server binding it); later ones are really free."""
+    """The trial runner's first port (its lease's HTTP port) is one another socket has just bound (the
+    race between choosing a free port and the server binding it); later ones are really free."""
     import socket
 
+    import autotune.daemon.pool as pool_module
     import autotune.tuner.trial as trial_module
 
     holder = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -202,6 +203,14 @@ def taken_port_first(monkeypatch: pytest.MonkeyPatch) -> Iterator[TakenPort]:
         return taken.handed[-1]
 
     monkeypatch.setattr(trial_module, "find_free_port", racy_free_port)
+    real_block = pool_module.GpuPool._port_block
+
+    def racy_block(self: Any) -> int:
+        if not taken.handed:          # the first lease's block starts at the taken port
+            return racy_free_port()
+        return real_block(self)
+
+    monkeypatch.setattr(pool_module.GpuPool, "_port_block", racy_block)
     try:
         yield taken
     finally:

@@ -158,7 +158,11 @@ class Scheduler:
         """`daemon`: until `stop` is set; then no new trials, running ones get `grace_s` to finish, the
         rest are interrupted (re-queued). Drivers that are done are closed; the daemon adds new ones."""
         while not stop.is_set():
-            self._tick(leasing=True)
+            try:
+                self._tick(leasing=True)
+            except Exception as exc:    # a database that is briefly locked or unreachable: next pass
+                log.warning("scheduler pass failed: %s", exc)
+                stop.wait(min(5.0, 10 * self.poll_s))
             stop.wait(self.poll_s)
         for e in self._entries:
             if e.pending is not None:

@@ -1,10 +1,11 @@
 """One scheduler behind `run` and `daemon`: studies by priority lease disjoint GPU sets from the pool,
 each trial runs in its own worker thread, and signals reach every running trial.
 
-Rules (docs/SCHEDULER.md): higher priority first, FIFO within a priority; no pre-emption of a running
-trial; head-of-line reservation: when the first study in line has a candidate that does not fit the
-free slots, nothing behind it leases until it fits, so a large layout is not starved by a stream of
-small ones (no backfill: trial lengths are not known in advance). A worker thread lives exactly as
+Rules (docs/SCHEDULER.md): higher priority first, round robin within a priority; no pre-emption of a
+running trial; a candidate is asked for only when a slot is free (so it is chosen with every result
+known so far); head-of-line reservation: when the first study in line has a candidate that does not
+fit the free slots, nothing behind it leases until it fits, so a large layout is not starved by a
+stream of small ones (no backfill: trial lengths are not known in advance). A worker thread lives exactly as
 long as its trial, which is what the servers' parent-death signal needs (engine/process.py).
 """
 
@@ -159,9 +160,13 @@ class Scheduler:
         """`daemon`: until `stop` is set; then no new trials, running ones get `grace_s` to finish, the
         rest are interrupted (re-queued). Drivers that are done are closed; the daemon adds new ones."""
         while not stop.is_set():
-            self._tick(leasing=True)
-            for e in self._finished_entries():
-                self._close(e)
+            try:
+                self._tick(leasing=True)
+                for e in self._finished_entries():
+                    self._close(e)
+            except Exception as exc:    # a database that is briefly locked or unreachable: next pass
+                log.warning("scheduler pass failed: %s", exc)
+                stop.wait(min(5.0, 10 * self.poll_s))
             stop.wait(self.poll_s)
         for e in self._entries:
             if e.pending is not None:
@@ -213,7 +218,7 @@ class Scheduler:
 
     def _line(self) -> list[_Entry]:
         """Who leases first: higher priority; within a priority, a candidate already waiting for slots
-        (the longest-waiting first), then the studies in the order they were added."""
+        (the longest-waiting first), then the study that leased least recently (round robin)."""
         with self._lock:
             return sorted(self._entries, key=lambda e: (-e.priority, e.waiting_since if e.pending else float("inf"),
                                                         e.seq))
@@ -225,6 +230,8 @@ class Scheduler:
                 continue                    # its waiting candidate is re-queued by the next _tick
             while self.parallel is None or len(self._workers) < self.parallel:
                 if e.pending is None:
+                    if not self.pool.free():
+                        return              # nothing can start: ask later, with more results known
                     if not e.driver.wants_trial():
                         break
                     e.pending = e.driver.next_job()
@@ -245,6 +252,9 @@ class Scheduler:
                     blocked = True          # head-of-line reservation: nothing behind it leases
                     break
                 e.pending = None
+                with self._lock:                # round robin within a priority: it goes to the back
+                    self._seq += 1
+                    e.seq = self._seq
                 self._start(e, job, lease)
             else:
                 return

@@ -157,10 +157,10 @@ def test_sigterm_interrupts_every_running_trial_at_once() -> None:
     assert sched.pool.free() == (0, 1, 2)
 
 
-def _two_studies(first: FakeDriver, second: FakeDriver) -> Scheduler:
+def _two_studies(first: FakeDriver, second: FakeDriver, slots: int = 2) -> Scheduler:
     global T0
     T0 = time.monotonic()
-    sched = Scheduler(GpuPool([0, 1], physical=False, cores=[0], host="h"), poll_s=0.01)
+    sched = Scheduler(GpuPool(list(range(slots)), physical=False, cores=[0], host="h"), poll_s=0.01)
     sched.add(first)
     sched.add(second)
     return sched
@@ -176,8 +176,8 @@ def test_cancel_now_interrupts_one_study_only() -> None:
 
 def test_cancel_requeues_a_candidate_waiting_for_slots() -> None:
     busy = FakeDriver("busy", 2, [0.5])
-    waiting = FakeDriver("waiting", 2, [0.1], arrive_s=0.05)
-    sched = _two_studies(busy, waiting)
+    waiting = FakeDriver("waiting", 2, [0.1], arrive_s=0.05)     # asked (1 slot free), waits for 2
+    sched = _two_studies(busy, waiting, slots=3)
     threading.Timer(0.2, sched.cancel, ("waiting",)).start()
     assert sched.run_until_done() is None
     assert waiting.interrupted == [(0, "cancel")] and waiting.finished == [] and busy.finished == [0]

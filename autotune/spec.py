@@ -45,6 +45,7 @@ class EngineSpec(_Strict):
     gpu: str | None = None          # sim: GPU catalog name
     num_gpus: int = Field(1, ge=1)  # sim: GPUs simulated
     time_scale: float = Field(1.0, gt=0)
+    compile_cache: bool = True      # vLLM/Inductor/Triton caches on disk, shared by the study's trials
 
     @field_validator("extra_flags", mode="before")
     @classmethod
@@ -100,6 +101,16 @@ class TelemetrySpec(_Strict):
     require_headroom: bool = False
 
 
+class WarmStartSpec(_Strict):
+    """`warm_start: {from: twin, k: 3}`: the twin ranks `candidates` before the first launch and the best
+    `k` run right after the baseline (tuner/warmstart.py); `from: none` or `warm_start: false` turns it off."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    source: Literal["twin", "none"] = Field("twin", alias="from")
+    k: int = Field(3, ge=0, le=20)
+    candidates: int = Field(200, ge=1, le=5000)
+
+
 class BudgetSpec(_Strict):
     n_trials: int | None = Field(None, ge=1)
     timeout: str | float | None = None
@@ -131,6 +142,17 @@ class StudySpec(_Strict):
     seed: int = 0
     sampler: Literal["tpe", "nsga2", "random", "gp"] = "tpe"
     keep_series: int = Field(3, ge=0)   # raw per-request/telemetry series kept for this many best trials
+    warm_start: WarmStartSpec = Field(default_factory=WarmStartSpec)
+    early_stop: bool = True             # end a trial's capacity search once the front dominates its bound
+
+    @field_validator("warm_start", mode="before")
+    @classmethod
+    def _warm_start(cls, v: Any) -> Any:
+        if v is False or v is None:
+            return {"from": "none"}
+        if v is True:
+            return {}
+        return v
 
     @field_validator("name")
     @classmethod
@@ -181,8 +203,9 @@ class StudySpec(_Strict):
 
     def identity_hash(self) -> str:
         """What the trials were measured under (budget and storage are not part of it)."""
-        body = self.model_dump(exclude={"budget", "storage", "name", "enqueue"})
+        body = self.model_dump(exclude={"budget", "storage", "name", "enqueue", "warm_start", "early_stop"})
         body["engine"].pop("env", None)  # environment may carry secrets and does not change the landscape
+        body["engine"].pop("compile_cache", None)  # search policy and caches change the cost, not the landscape
         return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
     def public_dict(self) -> dict[str, Any]:

@@ -157,9 +157,11 @@ async def find_capacity(base_url: str, model: str, workload: Workload, slo: SLO,
                         max_steps: int = 6, requests_per_step: int = 200, warmup: int = 16, seed: int = 0,
                         tokenizer: str | None = None, start: float | None = None, upper: float | None = None,
                         on_step: Callable[[LoadStep], None] | None = None, endpoint: str = "completions",
-                        tolerance: float = DEFAULT_TOLERANCE, timeout_s: float = 600) -> CapacityResult:
+                        tolerance: float = DEFAULT_TOLERANCE, timeout_s: float = 600,
+                        should_stop: Callable[[list[LoadStep]], bool] | None = None) -> CapacityResult:
     """Highest concurrency (`search="concurrency"`, closed loop) or request rate (`"rate"`, Poisson) at
-    which every term of `slo` holds, within `max_steps` load steps (the probe counts as one)."""
+    which every term of `slo` holds, within `max_steps` load steps (the probe counts as one).
+    `should_stop(steps)`, asked after each step, ends the search early (tuner/earlystop.py)."""
     if search not in ("concurrency", "rate"):
         raise UserError(f"capacity search is by 'concurrency' or 'rate', not {search!r}")
     if max_steps < 2:
@@ -198,6 +200,8 @@ async def find_capacity(base_url: str, model: str, workload: Workload, slo: SLO,
     first = start if start is not None else 1.0
     await step(float(int(first)) if integer else first, probe=start is None)
     while len(steps) < max_steps:
+        if should_stop is not None and should_stop(steps):   # search hook: early stopping (tuner/earlystop.py)
+            break
         nxt = searcher.next_load(final=len(steps) == max_steps - 1)
         if nxt is None:
             break

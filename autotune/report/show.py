@@ -10,9 +10,12 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from autotune import causes
+from autotune.engine.phases import format_phases
 from autotune.store.models import StudyRecord, TrialRecord
 from autotune.store.queries import best_trial, is_feasible, pareto_front
 from autotune.store.repository import ResultStore
+from autotune.tuner.narrowing import Limit
 
 
 def _fmt(v: Any) -> str:
@@ -47,10 +50,20 @@ def _telemetry_line(study: StudyRecord, t: TrialRecord) -> str:
     return format_summary(t.telemetry, margin=margin)
 
 
-def trial_rows(study: StudyRecord, trials: list[TrialRecord]) -> list[dict[str, Any]]:
+def _twin_cell(pred: Any, name: str) -> str:
+    if pred is None or (pred.predicted or {}).get(name) is None:
+        return ""
+    rank = f"#{pred.rank} " if pred.rank is not None else ""
+    return f"{rank}{_fmt(float(pred.predicted[name]))}"
+
+
+def trial_rows(study: StudyRecord, trials: list[TrialRecord], predictions: dict[int, Any] | None = None
+               ) -> list[dict[str, Any]]:
     names = [o for o, _ in study.objectives]
+    predictions = predictions or {}
     rows = []
     for t in trials:
+        pred = predictions.get(t.number)
         rows.append({
             "number": t.number, "role": t.role, "state": t.state, "feasible": is_feasible(t), "cause": t.cause,
             "detail": t.detail, "params": t.params, "flags": t.flags,
@@ -62,6 +75,8 @@ def trial_rows(study: StudyRecord, trials: list[TrialRecord]) -> list[dict[str, 
             "capacity": (t.capacity or {}).get("capacity"),
             "kv_cache_tokens": t.kv_cache_tokens, "startup_seconds": t.startup_seconds,
             "telemetry": t.telemetry, "simulated": t.simulated, "engine_version": t.engine_version,
+            "bound": (t.capacity or {}).get("bound"), "startup_phases": (t.startup or {}).get("phases"),
+            "twin": {"rank": pred.rank, "predicted": pred.predicted, "simulated": True} if pred else None,
         })
     return rows
 
@@ -72,10 +87,12 @@ def show_command(args: argparse.Namespace) -> int:
     trials = store.trials(study.id)
     front = pareto_front(study, trials)
     best = best_trial(study, trials)
-    rows = trial_rows(study, trials)
+    predictions = store.predictions(study.id)
+    limits = store.limits(study.id)
+    rows = trial_rows(study, trials, predictions)
     if args.json:
         print(json.dumps({"study": study.name, "model": study.model, "slo": study.slo,
-                          "objectives": study.objectives, "trials": rows,
+                          "objectives": study.objectives, "trials": rows, "learned_limits": limits,
                           "pareto_front": [t.number for t in front],
                           "best": best.number if best else None}, indent=2, default=str))
         return 0
@@ -89,22 +106,36 @@ def show_command(args: argparse.Namespace) -> int:
         ("out tok/s", "output_throughput", "output_tps")) if objective not in names
         and not (objective == "output_tps" and "capacity_tps" in names)]
     table = Table(show_lines=False)
-    for col in ("#", "role", "state", "cause", "params", *names, *[e[0] for e in extra], "load", "KV tokens",
+    twin = [f"twin {names[0]}"] if predictions else []
+    for col in ("#", "role", "state", "cause", "params", *names, *twin, *[e[0] for e in extra], "load", "KV tokens",
                 "start s"):
         table.add_column(col, overflow="fold")
     for t, r in zip(trials, rows):
         table.add_row(str(t.number), t.role, t.state + (" *" if t in front else ""), t.cause or "",
                       compact_params(t), *[_fmt(r["objectives"].get(n)) for n in names],
+                      *([_twin_cell(predictions.get(t.number), names[0])] if predictions else []),
                       *[_fmt(r[key]) for _, key in extra], _fmt(r["capacity"]), _fmt(t.kv_cache_tokens),
                       _fmt(t.startup_seconds))
     console.print(table)
-    console.print("state * = on the Pareto front; load = highest load meeting the SLO (concurrency or req/s)")
+    console.print("state * = on the Pareto front; load = highest load meeting the SLO (concurrency or req/s)"
+                  + ("; twin = the simulator's rank among the candidates it ranked and its predicted value "
+                     "(SIMULATED, beside the measurement)" if predictions else ""))
     for t in trials:
         line = _telemetry_line(study, t)
         why = t.detail if (t.state != "ok" or t.cause) and t.detail else ""
         note = (t.capacity or {}).get("note") or ""
-        if line or why or note:
-            console.print(f"  trial {t.number}: " + "; ".join(x for x in (why, line, note) if x))
+        phases = (t.startup or {}).get("phases")
+        start = format_phases(phases) if phases else ""
+        if line or why or note or start:
+            console.print(f"  trial {t.number}: " + "; ".join(x for x in (why, line, note, start) if x))
+    for lim in limits:
+        console.print("[bold]learned limit[/]: " + Limit.from_json(lim).text())
+    counts = {k: sum(1 for t in trials if pred(t)) for k, pred in (
+        ("early-stopped", lambda t: t.cause == causes.EARLY_STOPPED), ("duplicate", lambda t: t.state == "duplicate"),
+        ("constraint-rejected", lambda t: t.cause == causes.CONSTRAINT))}
+    if any(counts.values()):
+        console.print("not launched or stopped early: " + ", ".join(f"{v} {k}" for k, v in counts.items())
+                      + " (duplicates and candidates outside a learned limit do not count as trials)")
     if front:
         console.print("[bold]Pareto front[/] (feasible, non-dominated; * above): " + ", ".join(
             f"#{t.number} (" + ", ".join(f"{n}={_fmt(t.objectives[n])}" for n in names) + ")" for t in front))

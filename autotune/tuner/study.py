@@ -34,6 +34,8 @@ from autotune.telemetry.base import TelemetrySource
 from autotune.tuner.host import hardware
 from autotune.tuner.objectives import (failure_constraints, measured_constraints, pick,
                                        placeholder_values)
+from autotune.tuner import search_hooks
+from autotune.tuner.policy import counted
 from autotune.tuner.progress import Progress
 from autotune.tuner.trial import TrialOutcome, TrialRunner, outcome_evidence
 
@@ -131,6 +133,7 @@ class StudyLoop:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.hardware = hardware(self.spec)
         self.engine_version = self.engine.version()
+        search_hooks.open_policy(self)   # search hook: dedupe, learned limits, early stop, twin
 
     def _recover(self, progress: Progress) -> None:
         """After a SIGKILL: stop the servers the killed run left, and redo its unfinished trial."""
@@ -149,7 +152,7 @@ class StudyLoop:
             self.store.mark_abandoned(self.record.id, {t.number for t in stale})
             progress.message(f"re-queued {len(stale)} trial(s) interrupted by a killed run")
 
-    def _ensure_baseline(self) -> None:
+    def _ensure_baseline(self, progress: Progress) -> None:
         """The baseline first, then the spec's `enqueue:` candidates not yet run (a resumed study picks
         up candidates added to the spec since)."""
         trials = self.study.get_trials(deepcopy=False)
@@ -165,6 +168,7 @@ class StudyLoop:
             if key not in done:
                 self.study.enqueue_trial(extra, user_attrs={"role": "enqueued", "enqueued": sorted(extra),
                                                             "spec_candidate": key})
+        search_hooks.warm_start(self, progress)   # search hook: the twin's picks, once per study
 
     def _requeue(self, params: dict[str, Any], role: str, number: int) -> None:
         self.study.enqueue_trial(params, user_attrs={"role": role, "enqueued": sorted(params),
@@ -172,19 +176,22 @@ class StudyLoop:
 
     # -- the loop -----------------------------------------------------------------------------------
     def complete_count(self) -> int:
-        return len(self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+        # search hook: duplicates and candidates outside learned limits do not count
+        return sum(1 for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if counted(t))
 
     def run(self) -> StudyResult:
         self._open()
         with Progress(self.spec.name, self.spec.objectives, self.n_trials, live=self.live) as progress:
             self._recover(progress)
-            self._ensure_baseline()
+            self._ensure_baseline(progress)
             self.runner = TrialRunner(self.spec, self.engine, self.telemetry, self.store, self.log_dir,
                                       self.fixed_flags, self.predict)
             deadline = None if self.timeout_s is None else self.started + self.timeout_s
             with _interrupts(self, deadline):
                 try:
                     while self.complete_count() < self.n_trials:
+                        if search_hooks.spent(self, progress):   # search hook: nothing new left to propose
+                            break
                         if deadline is not None:
                             left = deadline - time.monotonic()
                             expected = expected_trial_s(self.store.trials(self.record.id)) or 0.0
@@ -216,8 +223,12 @@ class StudyLoop:
                      engine_version=self.engine_version, hardware=self.hardware, workload=self.spec.workload,
                      spec_hash=self.spec.identity_hash(), started_at=started)
         self.store.save_trial(self.record.id, trial.number, state="running", **stamp)
+        if search_hooks.screen(self, trial, role, params, flags, progress):   # search hook: no launch
+            return
+        search_hooks.predict(self, trial, params)   # search hook: the twin's prediction beside the trial
         try:
-            outcome = self.runner.run(trial.number, flags, violations, progress.phase)
+            outcome = self.runner.run(trial.number, flags, violations, progress.phase,
+                                      stopper=search_hooks.stopper(self))   # search hook: early stopping
         except Interrupted as e:
             self.study.tell(trial, state=TrialState.FAIL)
             self._requeue(params, role, trial.number)
@@ -226,6 +237,7 @@ class StudyLoop:
             progress.trial_finished(trial.number, role, "interrupted", None, e.reason)
             raise
         self._tell(trial, role, outcome, progress)
+        search_hooks.after_tell(self, trial.number, params, flags, outcome, progress)   # search hook: learn
 
     def _tell(self, trial: optuna.Trial, role: str, outcome: TrialOutcome, progress: Progress) -> None:
         headroom_value = None
@@ -244,9 +256,13 @@ class StudyLoop:
             constraints = measured_constraints(self.slo, outcome.metrics, headroom_value, self.headroom_constraint)
             told = values
             feasible = all(v <= 0 for v in constraints.values())
-            if not feasible:
+            if outcome.state == "stopped":   # search hook: told its bound; never measured, never exported
+                pass
+            elif not feasible:
                 outcome.state = "infeasible"
-            trial.set_user_attr("measured", True)
+                trial.set_user_attr("measured", True)
+            else:
+                trial.set_user_attr("measured", True)
         for key, value in constraints.items():
             trial.set_constraint(key, float(value) if math.isfinite(value) else 1e9)
         trial.set_user_attr("cause", outcome.cause)
@@ -256,7 +272,7 @@ class StudyLoop:
             # The API server has no --version: its version is known once one launch has logged its banner.
             self.engine_version = outcome.startup.engine_version
         evidence["engine_version"] = self.engine_version
-        measured = dict(zip(self.spec.objectives, values)) if values is not None else {}
+        measured = dict(zip(self.spec.objectives, values)) if values is not None and outcome.state != "stopped" else {}
         self.store.save_trial(self.record.id, trial.number, objectives=measured, constraints=constraints,
                               finished_at=utcnow(), **evidence)
         if outcome.measurement is not None:

@@ -63,7 +63,9 @@ class TrialRunner:
         self.tokenizer = spec.model if Path(spec.model).is_dir() else None
 
     # ------------------------------------------------------------------------------------------------
-    def run(self, number: int, flags: Sequence[str], violations: Sequence[str], phase: Phase) -> TrialOutcome:
+    def run(self, number: int, flags: Sequence[str], violations: Sequence[str], phase: Phase,
+            stopper: Any = None) -> TrialOutcome:
+        """`stopper` (tuner/earlystop.EarlyStop) may end the capacity search early."""
         if violations:
             return TrialOutcome("failed", causes.CONSTRAINT, "; ".join(violations))
         all_flags = [*self.fixed_flags, *flags]
@@ -75,17 +77,24 @@ class TrialRunner:
         port = find_free_port()
         phase(f"starting {self.engine.name} on port {port}")
         request = LaunchRequest(model=self.spec.model, flags=all_flags, port=port, log_path=log_path,
-                                gpus=self.spec.gpus, env=self.spec.engine.env,
+                                gpus=self.spec.gpus, env={**self._cache_env(), **self.spec.engine.env},
                                 startup_timeout_s=self.spec.engine.startup_timeout_s)
         server = self.engine.launch(request)
         record_id = self._register(server, port)
         try:
-            return self._serve(server, phase, log_path)
+            return self._serve(server, phase, log_path, stopper)
         finally:
             phase("stopping server")
             server.stop()
             self.store.forget_process(record_id)
             self.engine.release_wait(port, self.spec.gpus)
+
+    def _cache_env(self) -> dict[str, str]:
+        """Compilation caches on disk under the study's folder, shared by its trials (engine/cache.py)."""
+        if not self.spec.engine.compile_cache or self.spec.engine.kind != "vllm":
+            return {}
+        from autotune.engine.cache import compile_cache_env
+        return compile_cache_env(self.log_dir.parent / f"{self.spec.name}-cache")
 
     def _register(self, server: Server, port: int) -> int:
         try:
@@ -96,7 +105,7 @@ class TrialRunner:
                                            pgid=getattr(server, "pgid", server.pid), create_time=created,
                                            owner_pid=os.getpid(), port=port)
 
-    def _serve(self, server: Server, phase: Phase, log_path: Path) -> TrialOutcome:
+    def _serve(self, server: Server, phase: Phase, log_path: Path, stopper: Any = None) -> TrialOutcome:
         try:
             phase("waiting for /health")
             startup = server.wait_ready()
@@ -108,7 +117,7 @@ class TrialRunner:
         sampler.start()
         t0 = time.monotonic()
         try:
-            measurement, capacity = self._measure(server.url, phase)
+            measurement, capacity = self._measure(server.url, phase, stopper)
         except UserError:
             if server.failure() is None:  # the server is up: a real usage error
                 raise
@@ -127,12 +136,15 @@ class TrialRunner:
         outcome.metrics = dict(measurement.metrics)
         outcome.capacity = capacity
         outcome.observed = self._observe(measurement, capacity, summary, elapsed)
-        if measurement.client.saturated:
+        if stopper is not None and stopper.stopped:   # search hook: early stopping (tuner/earlystop.py)
+            from autotune.tuner.earlystop import mark_stopped
+            mark_stopped(outcome, stopper.bound)
+        elif measurement.client.saturated:
             outcome.cause = causes.CLIENT_SATURATED
             outcome.detail = f"load generator saturated: {measurement.client.note}"
         return outcome
 
-    def _measure(self, url: str, phase: Phase) -> tuple[Measurement | None, dict[str, Any] | None]:
+    def _measure(self, url: str, phase: Phase, stopper: Any = None) -> tuple[Measurement | None, dict[str, Any] | None]:
         load = self.spec.load
         model = self.spec.model
         if load.mode == "fixed":
@@ -154,7 +166,7 @@ class TrialRunner:
         cap: CapacityResult = asyncio.run(find_capacity(
             url, model, self.workload, self.slo, search=load.search, max_steps=load.max_steps,
             requests_per_step=load.requests_per_step, warmup=load.warmup, seed=self.spec.seed,
-            tokenizer=self.tokenizer, on_step=on_step))
+            tokenizer=self.tokenizer, on_step=on_step, should_stop=stopper.should_stop if stopper else None))
         chosen = cap.at_capacity or (cap.steps[0].measurement if cap.steps else None)
         info = {"mode": cap.mode, "capacity": cap.capacity, "cache_reset": cap.cache_reset, "note": cap.note,
                 "steps": [{"load": s.load, "slo_met": s.slo_met,

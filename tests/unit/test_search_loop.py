@@ -89,7 +89,7 @@ def test_a_failure_that_states_its_limit_narrows_the_space(tmp_path: Path) -> No
         return causes.CRASH, "RuntimeError: something else (exit code 1)"
 
     engine = FailingEngine(fail)
-    space = {"params": {"gpu_memory_utilization": {"type": "float", "low": 0.30, "high": 0.97, "step": 0.01,
+    space = {"params": {"gpu_memory_utilization": {"type": "float", "low": 0.30, "high": 0.70, "step": 0.01,
                                                    "default": 0.92}}}
     result = _loop(tmp_path, space, engine, n_trials=4).run()
     launched = [_gmu(r.flags) for r in engine.launches]

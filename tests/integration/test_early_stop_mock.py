@@ -11,16 +11,16 @@ from autotune.slo import SLO
 from autotune.tuner.earlystop import EarlyStop
 
 W = parse_workload("random:input_len=20,output_len=16")
-SLO_40 = SLO.parse("tpot:p50<=12.125ms")     # TPOT = 2 + 0.25 x batch ms: capacity 40 streams
+SLO_20 = SLO.parse("tpot:p50<=14.125ms")     # TPOT = 4 + 0.5 x batch ms: capacity 20 streams
 OBJ, DIRS = ["capacity_tps", "p50_tpot_ms"], ["maximize", "minimize"]
 
 
 async def test_the_bound_holds_and_a_dominated_search_stops_early() -> None:
-    async with serve(build_app(MockConfig(mode="batch", step_ms=2, per_seq_ms=0.25))) as url:
-        full = await find_capacity(url, "mock", W, SLO_40, requests_per_step=120, warmup=8)
+    async with serve(build_app(MockConfig(mode="batch", step_ms=4, per_seq_ms=0.5))) as url:
+        full = await find_capacity(url, "mock", W, SLO_20, requests_per_step=80, warmup=8)
         # An incumbent far better on both objectives: the search stops as soon as it is bracketed.
         stop = EarlyStop(OBJ, DIRS, [[1e9, 0.1]])
-        cut = await find_capacity(url, "mock", W, SLO_40, requests_per_step=120, warmup=8,
+        cut = await find_capacity(url, "mock", W, SLO_20, requests_per_step=80, warmup=8,
                                   should_stop=stop.should_stop)
     assert stop.stopped and stop.bound is not None
     assert len(cut.steps) < len(full.steps) and any(not s.slo_met for s in cut.steps)

@@ -161,7 +161,7 @@ async def find_capacity(base_url: str, model: str, workload: Workload, slo: SLO,
                         should_stop: Callable[[list[LoadStep]], bool] | None = None) -> CapacityResult:
     """Highest concurrency (`search="concurrency"`, closed loop) or request rate (`"rate"`, Poisson) at
     which every term of `slo` holds, within `max_steps` load steps (the probe counts as one).
-    `should_stop(steps)`, asked after each step, ends the search early (tuner/earlystop.py)."""
+    `should_stop(steps)`, asked before each further step, ends the search early (tuner/earlystop.py)."""
     if search not in ("concurrency", "rate"):
         raise UserError(f"capacity search is by 'concurrency' or 'rate', not {search!r}")
     if max_steps < 2:
@@ -200,10 +200,10 @@ async def find_capacity(base_url: str, model: str, workload: Workload, slo: SLO,
     first = start if start is not None else 1.0
     await step(float(int(first)) if integer else first, probe=start is None)
     while len(steps) < max_steps:
-        if should_stop is not None and should_stop(steps):   # search hook: early stopping (tuner/earlystop.py)
-            break
         nxt = searcher.next_load(final=len(steps) == max_steps - 1)
         if nxt is None:
+            break
+        if should_stop is not None and should_stop(steps):   # search hook: early stopping (tuner/earlystop.py)
             break
         await step(nxt, probe=False)
     lo, _ = searcher.bracket()

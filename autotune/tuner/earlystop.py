@@ -95,7 +95,8 @@ def dominated(bound: Sequence[float], front: Iterable[Sequence[float]], maximize
 
 
 class EarlyStop:
-    """Asked after every load step of one trial's capacity search (`find_capacity(should_stop=...)`)."""
+    """Asked before every further load step of one trial's capacity search (`find_capacity(should_stop=...)`):
+    a search that would end anyway keeps its measurement."""
 
     def __init__(self, objectives: Sequence[str], directions: Sequence[str], front: Iterable[Sequence[float]],
                  *, integer: bool = True, num_gpus: int = 1):

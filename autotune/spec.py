@@ -308,6 +308,8 @@ objectives: [capacity_tps, p50_tpot_ms]
 load: {mode: capacity, search: concurrency, max_steps: 6, requests_per_step: 200, warmup: 16}
 telemetry: {source: auto, hz: 10, headroom_margin: 0.05, require_headroom: false}
 budget: {n_trials: 30, timeout: 8h}
+warm_start: {from: twin, k: 3}  # the simulator ranks candidates before the first launch (catalog GPU, known model)
+early_stop: true              # end a trial's capacity search once the Pareto front dominates its bound
 # storage: sqlite:///studies/my-study.db   (default: sqlite:///studies/<name>.db)
 # baseline: {gpu_memory_utilization: 0.8}  (only when vLLM's defaults cannot start on this host)
 """

@@ -11,6 +11,7 @@ line marked `# search hook`; whatever replaces the loop (the daemon's StudyDrive
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from optuna.trial import TrialState
@@ -68,6 +69,7 @@ def warm_start(loop: Any, progress: Any) -> None:
     objective = spec.objectives[0]
     progress.message(f"twin (simulated) ranking {spec.warm_start.candidates} candidates by {objective} "
                      f"before the first launch")
+    t0 = time.monotonic()
     picks, ranking = warm_start_picks(loop.space, loop.fixed_flags, spec.num_gpus, loop.twin, objective=objective,
                                       maximize=spec.directions()[0] == "maximize", n=spec.warm_start.candidates,
                                       k=spec.warm_start.k, seed=spec.seed)
@@ -77,9 +79,9 @@ def warm_start(loop: Any, progress: Any) -> None:
         loop.study.enqueue_trial(pick.params, user_attrs={
             "role": "warm_start", "enqueued": sorted(pick.params), "twin_rank": pick.rank,
             "twin_predicted": pick.predicted})
-    if picks:
-        progress.message("warm start: " + "; ".join(
-            f"#{p.rank} predicted {objective}={p.predicted.get(objective, 0):.4g}" for p in picks))
+    progress.message(f"warm start: {len(ranking.values)} candidates ranked in {time.monotonic() - t0:.0f} s"
+                     + "".join(f"; #{p.rank} predicted {objective}={p.predicted.get(objective, 0):.4g}"
+                               for p in picks))
 
 
 def predict(loop: Any, trial: Any, params: dict[str, Any]) -> None:

@@ -236,6 +236,27 @@ def summarize(runs: list[Run], best: float, max_trials: int) -> dict[str, Any]:
             "counts_mean": counts, "runs": len(runs), "max_trials": max_trials}
 
 
+def markdown(out: dict[str, Any]) -> str:
+    """The RESULTS.md table: one block per scenario, one row per method."""
+    def f(x: float | None, fmt: str) -> str:
+        return "> cap" if x is None else format(x, fmt)
+
+    lines = []
+    for name, res in out["scenarios"].items():
+        lines += [f"**{name}** (best capacity_tps {res['best_capacity_tps']:,.0f}, {res['points']} grid points)", "",
+                  "| method | trials to 98 % (median) | reached in cap | GPU-h to 98 % (median) | regret @10 | "
+                  "regret @20 | GPU-h for 20 trials | per run: early-stopped / duplicates / limit-rejected |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for method, m in res["methods"].items():
+            c = m["counts_mean"]
+            lines.append(f"| {method} | {f(m['trials_to_98'], 'g')} | {m['reached']}/{m['runs']} | "
+                         f"{f(m['gpu_h_to_98'], '.2f')} | {m['regret_10']:.1%} | {m['regret_20']:.1%} | "
+                         f"{m['gpu_h_20']:.2f} | {c['early_stopped']:.1f} / {c['duplicate']:.1f} / "
+                         f"{c['limit_rejected']:.1f} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seeds", type=int, default=10)
@@ -261,6 +282,7 @@ def main() -> None:
             print(f"{name} {method}: {json.dumps(res['methods'][method])} ({time.time() - t0:.0f} s)", flush=True)
         out["scenarios"][name] = res
     Path(args.json).write_text(json.dumps(out, indent=1))
+    print(markdown(out))
 
 
 if __name__ == "__main__":

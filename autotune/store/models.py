@@ -43,7 +43,8 @@ class StudyRecord(Base):
 
 
 class TrialRecord(Base):
-    """One trial's evidence. `state` is ok / failed / infeasible / interrupted; `cause` is one of
+    """One trial's evidence. `state` is ok / failed / infeasible / interrupted / stopped (early, never
+    exported) / duplicate (its flags already ran: not launched, not counted); `cause` is one of
     autotune.causes when it failed. Objective values here are measurements only: a failed trial's
     placeholders live in Optuna, never here."""
 

@@ -10,6 +10,7 @@ Methods, each from the same baseline first trial:
   that starts, then max-num-seqs x max-num-batched-tokens in nested order, each measured at an infinite
   rate and then at a request rate crawled down by 1 req/s until the latency limit holds (here the
   study's p99 TTFT; the rate it settles at stands for the config's capacity).
+- `tpe+policy (no warm start)`: an ablation, new-default without the twin.
 - `new-default`: tpe-today plus the search policy that ships (tuner/policy.py: duplicates skipped,
   limits learned from failures, early stopping) and the warm start (tuner/warmstart.py) ranking with a
   twin perturbed by its measured errors, not the landscape.
@@ -49,6 +50,11 @@ from trials import Landscape, Trial  # noqa: E402
 optuna.logging.set_verbosity(optuna.logging.ERROR)
 OBJECTIVES, DIRECTIONS = ["capacity_tps", "p50_tpot_ms"], ["maximize", "minimize"]
 TARGET = 0.98
+WARM_CANDIDATES = 200
+# Seconds the real twin predictor (tuner/warmstart.twin_predictor, 96 requests a step) took per candidate
+# on this 2-core box under a load average of ~9 (6 candidates each, 2026-11-30). The warm start's ranking
+# runs before the first launch, so the GPU waits for it: charged as GPU time to the first trial.
+RANK_S_PER_CANDIDATE = {"dense-1gpu": 1.27, "moe-8gpu": 0.93, "long-prompt": 2.89}
 
 
 class Run:
@@ -62,12 +68,13 @@ class Run:
         self.exported_true: list[float] = []                 # after each launch: the export's true value
         self.best: tuple[float, float] | None = None         # (measured capacity_tps, its true value)
         self.counts = {"early_stopped": 0, "duplicate": 0, "limit_rejected": 0, "free_checks": 0}
+        self.before_s = 0.0                                  # GPU idle before the first launch (warm start)
 
     def record(self, t: Trial) -> None:
         if not t.launched:
             self.counts["free_checks"] += 1
             return
-        self.gpu_s.append(self.cost.trial_s(t, first=not self.launched))
+        self.gpu_s.append(self.cost.trial_s(t, first=not self.launched) + (0.0 if self.launched else self.before_s))
         self.launched.append(t)
         if t.state == "stopped":
             self.counts["early_stopped"] += 1
@@ -96,7 +103,7 @@ def _tell(study: optuna.Study, trial: optuna.Trial, t: Trial, slo: Any) -> None:
 
 
 def optuna_method(land: Landscape, cost: CostModel, seed: int, max_trials: int, sampler: str,
-                  policy_on: bool) -> Run:
+                  policy_on: bool, warm: bool = True) -> Run:
     sc = land.scenario
     spec = build_spec({"name": "bench", "model": "m", "seed": seed, "sampler": sampler}, "bench")
     study = optuna.create_study(directions=DIRECTIONS, sampler=make_sampler(spec))
@@ -104,9 +111,10 @@ def optuna_method(land: Landscape, cost: CostModel, seed: int, max_trials: int, 
     study.enqueue_trial(land.space.baseline_params(), user_attrs={"role": "baseline"})
     policy = SearchPolicy(land.space, list(sc.fixed_flags), sc.num_gpus, dedupe=policy_on, narrow=policy_on,
                           early_stop=policy_on, device_gib=land.gpu_gib, seed=seed) if policy_on else None
-    if policy_on:
+    if policy_on and warm:
         picks, _ = warm_start_picks(land.space, list(sc.fixed_flags), sc.num_gpus, land.twin_predict,
-                                    objective="capacity_tps", maximize=True, n=200, k=3, seed=seed)
+                                    objective="capacity_tps", maximize=True, n=WARM_CANDIDATES, k=3, seed=seed)
+        run.before_s = WARM_CANDIDATES * RANK_S_PER_CANDIDATE[sc.name]
         for p in picks:
             study.enqueue_trial(p.params, user_attrs={"role": "warm_start"})
     asks = 0
@@ -172,9 +180,12 @@ def autotune_sh_method(land: Landscape, cost: CostModel, seed: int, max_trials: 
         while g >= 0.9 - 1e-9:                                 # the script's first loop: highest GMU that starts
             probe = {**base, "gpu_memory_utilization": round(g, 2)}
             t = land.run(probe, run.rng)
-            t.full_steps = t.aborted_steps = 0                 # it only starts the server
+            t.full_steps = t.aborted_steps = 0                 # it only starts the server: nothing measured
+            started = t.state != "failed"
+            if started:
+                t.state, t.values = "probe", {}
             run.record(t)
-            if t.state != "failed" or t.cause != "startup_oom":
+            if started or t.cause != "startup_oom":
                 gmu = {"gpu_memory_utilization": round(g, 2)}
                 break
             g -= 0.01
@@ -206,6 +217,7 @@ METHODS: dict[str, Callable[[Landscape, CostModel, int, int], Run]] = {
     "grid": grid_method,
     "auto_tune.sh": autotune_sh_method,
     "new-default": lambda l, c, s, n: optuna_method(l, c, s, n, "tpe", True),
+    "tpe+policy (no warm start)": lambda l, c, s, n: optuna_method(l, c, s, n, "tpe", True, warm=False),
 }
 
 

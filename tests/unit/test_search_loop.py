@@ -151,3 +151,27 @@ def test_trials_share_compile_caches_under_the_study_folder(tmp_path: Path) -> N
     assert envs[0]["VLLM_CACHE_ROOT"] == envs[1]["VLLM_CACHE_ROOT"] == str((tmp_path / "s-cache" / "vllm").resolve())
     assert {"TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"} <= set(envs[0])
     assert Path(envs[0]["TRITON_CACHE_DIR"]).is_dir()
+
+
+def test_show_lists_the_learned_limit_and_the_twin_beside_each_trial(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    import argparse
+    import json
+
+    from autotune.report.show import show_command
+
+    monkeypatch.setattr(search_hooks, "twin_predictor",
+                        lambda *a, **k: (lambda params: {"capacity_tps": 100.0 * params.get("gpu_memory_utilization", 0.92)}))
+    engine = FailingEngine(lambda flags: (causes.STARTUP_OOM, FREE_LINE))
+    space = {"params": {"gpu_memory_utilization": {"type": "float", "low": 0.30, "high": 0.60, "step": 0.01,
+                                                   "default": 0.92}}}
+    _loop(tmp_path, space, engine, n_trials=2, warm_start={"from": "twin", "k": 1, "candidates": 20}).run()
+    capsys.readouterr()
+    show_command(argparse.Namespace(storage=f"sqlite:///{tmp_path}/s.db", study_name=None, json=True))
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["learned_limits"][0]["param"] == "gpu_memory_utilization" and doc["learned_limits"][0]["trial"] == 0
+    launched = [r for r in doc["trials"] if r["state"] != "duplicate" and r["cause"] != causes.CONSTRAINT]
+    assert len(launched) == 2 and all(r["twin"] is not None and r["twin"]["simulated"] for r in launched)
+    show_command(argparse.Namespace(storage=f"sqlite:///{tmp_path}/s.db", study_name=None, json=False))
+    text = capsys.readouterr().out
+    assert "learned limit" in text and "twin capacity_tps" in text

@@ -256,12 +256,10 @@ class StudyLoop:
             constraints = measured_constraints(self.slo, outcome.metrics, headroom_value, self.headroom_constraint)
             told = values
             feasible = all(v <= 0 for v in constraints.values())
-            if outcome.state == "stopped":   # search hook: told its bound; never measured, never exported
-                pass
-            elif not feasible:
+            stopped = outcome.state == "stopped"   # search hook: told its bound; never measured, never exported
+            if not feasible and not stopped:
                 outcome.state = "infeasible"
-                trial.set_user_attr("measured", True)
-            else:
+            if not stopped:
                 trial.set_user_attr("measured", True)
         for key, value in constraints.items():
             trial.set_constraint(key, float(value) if math.isfinite(value) else 1e9)

@@ -66,6 +66,8 @@ def warm_start(loop: Any, progress: Any) -> None:
     spec = loop.spec
     if loop.twin is None or spec.warm_start.k == 0 or RANKING_ATTR in loop.study.user_attrs:
         return
+    if loop.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        return      # a study that already measured something (e.g. created before warm starts existed)
     objective = spec.objectives[0]
     progress.message(f"twin (simulated) ranking {spec.warm_start.candidates} candidates by {objective} "
                      f"before the first launch")

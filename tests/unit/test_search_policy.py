@@ -168,3 +168,10 @@ def test_startup_phases_of_the_cpu_build() -> None:
     assert eager is not None and compiled is not None
     assert eager["compile"] == 0 and eager["cuda_graphs"] == 0
     assert compiled["compile"] == 32.0       # "Warming up model for the compilation" 15:23:10 -> AOT saved 15:23:42
+
+
+def test_startup_phases_of_a_two_gpu_log_read_the_first_worker() -> None:
+    # round 2, TP2 on two H200s: both workers log; the first (TP0) line of each kind is the one read
+    path = Path(__file__).resolve().parents[2] / "benchmarks/gpu/round2/device/logs/dense-trial-0001.log.gz"
+    p = startup_phases(gzip.open(path, "rt").read())
+    assert p is not None and (p["weights"], p["compile"], p["cuda_graphs"]) == (3.57, 25.37, 5.0)

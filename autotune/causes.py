@@ -11,6 +11,7 @@ PREDICTED_OOM = "predicted_oom"      # the memory model says it cannot start: ne
 INTERRUPTED = "interrupted"          # Ctrl-C / SIGTERM of autotune during the trial
 CLIENT_SATURATED = "client_saturated"  # the load generator itself was the bottleneck
 CONSTRAINT = "constraint"            # broke a known constraint between parameters: never launched
+EARLY_STOPPED = "early_stopped"      # capacity search ended once the front dominated its bound (never exported)
 
 ALL = (STARTUP_OOM, KV_TOO_SMALL, RUNTIME_OOM, BAD_FLAG, BAD_CONFIG, STARTUP_TIMEOUT, CRASH, PREDICTED_OOM,
-       INTERRUPTED, CLIENT_SATURATED, CONSTRAINT)
+       INTERRUPTED, CLIENT_SATURATED, CONSTRAINT, EARLY_STOPPED)

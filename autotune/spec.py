@@ -45,6 +45,7 @@ class EngineSpec(_Strict):
     gpu: str | None = None          # sim: GPU catalog name
     num_gpus: int = Field(1, ge=1)  # sim: GPUs simulated
     time_scale: float = Field(1.0, gt=0)
+    compile_cache: bool = True      # vLLM/Inductor/Triton caches on disk, shared by the study's trials
 
     @field_validator("extra_flags", mode="before")
     @classmethod
@@ -116,6 +117,16 @@ class TelemetrySpec(_Strict):
     require_headroom: bool = False
 
 
+class WarmStartSpec(_Strict):
+    """`warm_start: {from: twin, k: 3}`: the twin ranks `candidates` before the first launch and the best
+    `k` run right after the baseline (tuner/warmstart.py); `from: none` or `warm_start: false` turns it off."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    source: Literal["twin", "none"] = Field("twin", alias="from")
+    k: int = Field(3, ge=0, le=20)
+    candidates: int = Field(200, ge=1, le=5000)
+
+
 class BudgetSpec(_Strict):
     n_trials: int | None = Field(None, ge=1)
     timeout: str | float | None = None
@@ -149,6 +160,17 @@ class StudySpec(_Strict):
     sampler: Literal["tpe", "nsga2", "random", "gp"] = "tpe"
     keep_series: int = Field(3, ge=0)   # raw per-request/telemetry series kept for this many best trials
     exclusive: bool = False             # its trials run with nothing else on the node (the scheduler)
+    warm_start: WarmStartSpec = Field(default_factory=WarmStartSpec)
+    early_stop: bool = True             # end a trial's capacity search once the front dominates its bound
+
+    @field_validator("warm_start", mode="before")
+    @classmethod
+    def _warm_start(cls, v: Any) -> Any:
+        if v is False or v is None:
+            return {"from": "none"}
+        if v is True:
+            return {}
+        return v
 
     @field_validator("name")
     @classmethod
@@ -199,8 +221,9 @@ class StudySpec(_Strict):
 
     def identity_hash(self) -> str:
         """What the trials were measured under (budget and storage are not part of it)."""
-        body = self.model_dump(exclude={"budget", "storage", "name", "enqueue", "exclusive", "confirm"})
+        body = self.model_dump(exclude={"budget", "storage", "name", "enqueue", "exclusive", "confirm", "warm_start", "early_stop"})
         body["engine"].pop("env", None)  # environment may carry secrets and does not change the landscape
+        body["engine"].pop("compile_cache", None)  # search policy and caches change the cost, not the landscape
         return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
     def join_hash(self) -> str:
@@ -323,6 +346,8 @@ telemetry: {source: auto, hz: 10, headroom_margin: 0.05, require_headroom: false
 budget: {n_trials: 30, timeout: 8h}
 # the top candidates and the baseline measured again on fresh servers before the study ends (--no-confirm skips)
 confirm: {enabled: true, top_k: 2, repeats: 3}
+warm_start: {from: twin, k: 3}  # the simulator ranks candidates before the first launch (catalog GPU, known model)
+early_stop: true              # end a trial's capacity search once the Pareto front dominates its bound
 # storage: sqlite:///studies/my-study.db   (default: sqlite:///studies/<name>.db)
 # baseline: {gpu_memory_utilization: 0.8}  (only when vLLM's defaults cannot start on this host)
 """

@@ -179,10 +179,12 @@ async def find_capacity(base_url: str, model: str, workload: Workload, slo: SLO,
                         min_waves: int = DEFAULT_WAVES, min_step_s: float | None = None,
                         max_bracket: float = DEFAULT_MAX_BRACKET,
                         refine_steps: int = DEFAULT_REFINE_STEPS, stall_timeout_s: float | None = None,
-                        api_key: str | None = None) -> CapacityResult:
+                        api_key: str | None = None,
+                        should_stop: Callable[[list[LoadStep]], bool] | None = None) -> CapacityResult:
     """Highest concurrency (`search="concurrency"`, closed loop) or request rate (`"rate"`, Poisson) at
     which every term of `slo` holds, within `max_steps` load steps (the probe counts as one) plus up to
-    `refine_steps` while the bracket is wider than `max_bracket`."""
+    `refine_steps` while the bracket is wider than `max_bracket`.
+    `should_stop(steps)`, asked before each further step, ends the search early (tuner/earlystop.py)."""
     if search not in ("concurrency", "rate"):
         raise UserError(f"capacity search is by 'concurrency' or 'rate', not {search!r}")
     if max_steps < 2:
@@ -225,6 +227,8 @@ async def find_capacity(base_url: str, model: str, workload: Workload, slo: SLO,
     while len(steps) < max_steps:
         nxt = searcher.next_load(final=len(steps) == max_steps - 1)
         if nxt is None:
+            break
+        if should_stop is not None and should_stop(steps):   # search hook: early stopping (tuner/earlystop.py)
             break
         await step(nxt, probe=False)
     refined = 0

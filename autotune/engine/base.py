@@ -24,6 +24,7 @@ class StartupInfo:
     graph_capture_seconds: float | None = None
     engine_version: str | None = None
     simulated: bool = False
+    phases: dict[str, float] | None = None   # seconds per startup phase (engine/phases.py)
 
 
 class EngineFailure(Exception):

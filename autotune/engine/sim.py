@@ -30,6 +30,7 @@ class SimServer(VLLMServer):
     def wait_ready(self) -> StartupInfo:
         info = super().wait_ready()
         info.simulated = True
+        info.phases = None   # the twin logs its model's startup durations but sleeps them time-scaled: no split
         info.engine_version = info.engine_version or VERSION
         return info
 

@@ -29,6 +29,7 @@ import psutil
 from autotune import causes
 from autotune.engine.base import Engine, EngineFailure, LaunchRequest, Server, StartupInfo
 from autotune.engine.logparse import classify_failure, parse_startup
+from autotune.engine.phases import startup_phases
 from autotune.engine.process import (ProcessRecord, find_free_port, read_log, spawn, stop_group,
                                      wait_port_free)
 from autotune.errors import UserError
@@ -110,8 +111,10 @@ class VLLMServer(Server):
                                         log_tail=_tail(text), exit_code=self.popen.returncode)
                 time.sleep(_POLL_S)
         self.ready = True
-        found = parse_startup(self.log_text())
-        self.startup = StartupInfo(startup_seconds=round(time.monotonic() - self._started, 3), **found)
+        text = self.log_text()
+        found = parse_startup(text)
+        seconds = round(time.monotonic() - self._started, 3)
+        self.startup = StartupInfo(startup_seconds=seconds, **found, phases=startup_phases(text, seconds))
         return self.startup
 
     def alive(self) -> bool:

@@ -10,13 +10,16 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from autotune import causes
 from autotune.daemon.pool import format_cpulist
+from autotune.engine.phases import format_phases
 from autotune.report.confirmed import cell, confirmation_lines
 from autotune.store.models import StudyRecord, TrialRecord
 from autotune.store.queries import is_feasible, pareto_front
 from autotune.store.repository import ResultStore
 from autotune.store.urls import mask_url
 from autotune.tuner.verdict import confirmed_front, export_choice, flags_of, summarize_confirmations
+from autotune.tuner.narrowing import Limit
 
 
 def _fmt(v: Any) -> str:
@@ -63,10 +66,20 @@ def placement_line(t: TrialRecord) -> str:
     return text
 
 
-def trial_rows(study: StudyRecord, trials: list[TrialRecord]) -> list[dict[str, Any]]:
+def _twin_cell(pred: Any, name: str) -> str:
+    if pred is None or (pred.predicted or {}).get(name) is None:
+        return ""
+    rank = f"#{pred.rank} " if pred.rank is not None else ""
+    return f"{rank}{_fmt(float(pred.predicted[name]))}"
+
+
+def trial_rows(study: StudyRecord, trials: list[TrialRecord], predictions: dict[int, Any] | None = None
+               ) -> list[dict[str, Any]]:
     names = [o for o, _ in study.objectives]
+    predictions = predictions or {}
     rows = []
     for t in trials:
+        pred = predictions.get(t.number)
         rows.append({
             "number": t.number, "role": t.role, "state": t.state, "feasible": is_feasible(t), "cause": t.cause,
             "detail": t.detail, "params": t.params, "flags": t.flags,
@@ -80,6 +93,8 @@ def trial_rows(study: StudyRecord, trials: list[TrialRecord]) -> list[dict[str, 
             "telemetry": t.telemetry, "simulated": t.simulated, "engine_version": t.engine_version,
             "host": t.host, "lease": t.lease, "overlapped": t.overlapped or [],
             "measurement_flags": flags_of(t), "bracket": (t.capacity or {}).get("bracket"),
+            "bound": (t.capacity or {}).get("bound"), "startup_phases": (t.startup or {}).get("phases"),
+            "twin": {"rank": pred.rank, "predicted": pred.predicted, "simulated": True} if pred else None,
         })
     return rows
 
@@ -93,10 +108,12 @@ def show_command(args: argparse.Namespace) -> int:
     choice = export_choice(study, trials, rows_c)
     # once confirmed, the front is the survivors' confirmed medians; before, the first runs'
     front = ([c.trial for c in confirmed_front(study, confirmed)] if confirmed else pareto_front(study, trials))
-    rows = trial_rows(study, trials)
+    predictions = store.predictions(study.id)
+    limits = store.limits(study.id)
+    rows = trial_rows(study, trials, predictions)
     if args.json:
         print(json.dumps({"study": study.name, "model": study.model, "slo": study.slo,
-                          "objectives": study.objectives, "trials": rows,
+                          "objectives": study.objectives, "trials": rows, "learned_limits": limits,
                           "confirmations": {str(n): c.to_json() for n, c in sorted(confirmed.items())},
                           "pareto_front": [t.number for t in front], "pareto_front_confirmed": bool(confirmed),
                           "best": choice.trial.number if choice.trial else None,
@@ -113,30 +130,44 @@ def show_command(args: argparse.Namespace) -> int:
         ("out tok/s", "output_throughput", "output_tps")) if objective not in names
         and not (objective == "output_tps" and "capacity_tps" in names)]
     table = Table(show_lines=False)
-    for col in ("#", "role", "state", "cause", "params", *names, *[e[0] for e in extra], "load", "KV tokens",
+    twin = [f"twin {names[0]}"] if predictions else []
+    for col in ("#", "role", "state", "cause", "params", *names, *twin, *[e[0] for e in extra], "load", "KV tokens",
                 "start s", f"confirmed {names[0]}", "flags"):
         table.add_column(col, overflow="fold")
     for t, r in zip(trials, rows):
         table.add_row(str(t.number), t.role, t.state + (" *" if t in front else ""), t.cause or "",
                       compact_params(t), *[_fmt(r["objectives"].get(n)) for n in names],
+                      *([_twin_cell(predictions.get(t.number), names[0])] if predictions else []),
                       *[_fmt(r[key]) for _, key in extra], _fmt(r["capacity"]), _fmt(t.kv_cache_tokens),
                       _fmt(t.startup_seconds), cell(study, confirmed.get(t.number)),
                       " ".join(r["measurement_flags"]))
     console.print(table)
     console.print("state * = on the Pareto front; load = highest load meeting the SLO (concurrency or req/s); "
                   "objective columns = each trial's first run; confirmed = median of repeats ±half their spread "
-                  "(OUT: left the front); flags = measurement flags (never exported unconfirmed)",
+                  "(OUT: left the front); flags = measurement flags (never exported unconfirmed)"
+                  + ("; twin = the simulator's rank among the candidates it ranked and its predicted value "
+                     "(SIMULATED, beside the measurement)" if predictions else ""),
                   markup=False, highlight=False)
     for t in trials:
         line = _telemetry_line(study, t)
         why = t.detail if (t.state != "ok" or t.cause) and t.detail else ""
         note = (t.capacity or {}).get("note") or ""
         placed = placement_line(t) if any(r.overlapped for r in trials) else ""
-        if line or why or note or placed:
-            console.print(f"  trial {t.number}: " + "; ".join(x for x in (why, line, note, placed) if x),
+        phases = (t.startup or {}).get("phases")
+        start = format_phases(phases) if phases else ""
+        if line or why or note or placed or start:
+            console.print(f"  trial {t.number}: " + "; ".join(x for x in (why, line, note, placed, start) if x),
                           markup=False, highlight=False)
     for line in confirmation_lines(study, trials, confirmed):
         console.print(line, markup=False, highlight=False)
+    for lim in limits:
+        console.print("[bold]learned limit[/]: " + Limit.from_json(lim).text())
+    counts = {k: sum(1 for t in trials if pred(t)) for k, pred in (
+        ("early-stopped", lambda t: t.cause == causes.EARLY_STOPPED), ("duplicate", lambda t: t.state == "duplicate"),
+        ("constraint-rejected", lambda t: t.cause == causes.CONSTRAINT))}
+    if any(counts.values()):
+        console.print("not launched or stopped early: " + ", ".join(f"{v} {k}" for k, v in counts.items())
+                      + " (duplicates and candidates outside a learned limit do not count as trials)")
     if front:
         values = {c.trial.number: c.medians for c in confirmed.values()} if confirmed else {}
         console.print(("[bold]Pareto front, confirmed medians[/]" if confirmed else

@@ -43,7 +43,8 @@ class StudyRecord(Base):
 
 
 class TrialRecord(Base):
-    """One trial's evidence. `state` is ok / failed / infeasible / interrupted; `cause` is one of
+    """One trial's evidence. `state` is ok / failed / infeasible / interrupted / stopped (early, never
+    exported) / duplicate (its flags already ran: not launched, not counted); `cause` is one of
     autotune.causes when it failed. Objective values here are measurements only: a failed trial's
     placeholders live in Optuna, never here."""
 
@@ -121,6 +122,37 @@ class SeriesRecord(Base):
     trial_id: Mapped[int] = mapped_column(ForeignKey("autotune_trials.id"))
     kind: Mapped[str] = mapped_column(String(16))   # requests | telemetry
     data: Mapped[list[Any]] = mapped_column(JSON)
+
+
+class LimitRecord(Base):
+    """A limit learned from a failure that stated it (tuner/narrowing.py): candidates outside it are not
+    launched for the rest of the study."""
+
+    __tablename__ = "autotune_limits"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    study_id: Mapped[int] = mapped_column(ForeignKey("autotune_studies.id"))
+    trial_number: Mapped[int | None] = mapped_column(Integer, nullable=True)   # the failure that taught it
+    param: Mapped[str] = mapped_column(String(64))
+    op: Mapped[str] = mapped_column(String(2))
+    value: Mapped[float] = mapped_column(Float)
+    reason: Mapped[str] = mapped_column(Text)
+    when: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
+
+
+class PredictionRecord(Base):
+    """The twin's prediction for a trial (tuner/warmstart.py), kept beside the measurement. Simulated."""
+
+    __tablename__ = "autotune_predictions"
+    __table_args__ = (UniqueConstraint("study_id", "number"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    study_id: Mapped[int] = mapped_column(ForeignKey("autotune_studies.id"))
+    number: Mapped[int] = mapped_column(Integer)
+    source: Mapped[str] = mapped_column(String(16), default="twin")
+    rank: Mapped[int | None] = mapped_column(Integer, nullable=True)   # among the candidates the twin ranked
+    predicted: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
 
 
 class ProcessRecord(Base):

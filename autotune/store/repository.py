@@ -13,7 +13,8 @@ from sqlalchemy.orm import Session
 from autotune.errors import UserError
 from autotune.redact import Redactor, redact_flags
 from autotune.store.migrate import migrate
-from autotune.store.models import (Base, ConfirmationRecord, ProcessRecord, SeriesRecord, StudyRecord,
+from autotune.store.models import (Base, ConfirmationRecord, LimitRecord, PredictionRecord,
+                                   ProcessRecord, SeriesRecord, StudyRecord,
                                    TrialRecord, utcnow)
 
 
@@ -191,6 +192,35 @@ class ResultStore:
         with self.session() as s:
             return list(s.scalars(select(ConfirmationRecord).where(ConfirmationRecord.study_id == study_id)
                                   .order_by(ConfirmationRecord.round, ConfirmationRecord.position)))
+
+    # what the search policy learned (tuner/policy.py) ---------------------------------------------
+    def add_limit(self, study_id: int, doc: dict[str, Any]) -> None:
+        with self.session() as s:
+            s.add(LimitRecord(study_id=study_id, trial_number=doc.get("trial"), param=doc["param"], op=doc["op"],
+                              value=float(doc["value"]), reason=doc.get("reason", ""), when=dict(doc.get("when") or {})))
+            s.commit()
+
+    def limits(self, study_id: int) -> list[dict[str, Any]]:
+        with self.session() as s:
+            rows = s.scalars(select(LimitRecord).where(LimitRecord.study_id == study_id).order_by(LimitRecord.id))
+            return [{"param": r.param, "op": r.op, "value": r.value, "reason": r.reason, "trial": r.trial_number,
+                     "when": r.when or {}} for r in rows]
+
+    def save_prediction(self, study_id: int, number: int, rank: int | None, predicted: dict[str, Any],
+                        source: str = "twin") -> None:
+        with self.session() as s:
+            rec = s.scalar(select(PredictionRecord).where(PredictionRecord.study_id == study_id,
+                                                          PredictionRecord.number == number))
+            if rec is None:
+                s.add(PredictionRecord(study_id=study_id, number=number, source=source, rank=rank, predicted=predicted))
+            else:
+                rec.rank, rec.predicted, rec.source = rank, predicted, source
+            s.commit()
+
+    def predictions(self, study_id: int) -> dict[int, PredictionRecord]:
+        with self.session() as s:
+            return {r.number: r for r in s.scalars(select(PredictionRecord)
+                                                   .where(PredictionRecord.study_id == study_id))}
 
     # raw series ------------------------------------------------------------------------------------
     def add_series(self, trial_id: int, kind: str, data: list[Any]) -> None:

@@ -43,6 +43,8 @@ from autotune.tuner.host import hardware
 from autotune.tuner.interrupts import Interrupted
 from autotune.tuner.objectives import (failure_constraints, measured_constraints, pick,
                                        placeholder_values)
+from autotune.tuner import search_hooks
+from autotune.tuner.policy import counted
 from autotune.tuner.progress import Progress
 from autotune.tuner.sharing import (claim, dead_owner_servers, first_to_create, gpu_model, identity_conflict,
                                     make_sampler, overlapping, sampler_seed)
@@ -141,6 +143,8 @@ class StudyDriver:
         self.tag_phases = False           # prefix phase lines with the trial (set when trials overlap)
         self.stop_reason: str | None = None
         self.cancelled = False
+        self.spent = False                # the search space has nothing new left (search_hooks.spent)
+        self.twin: Any = None             # set by search_hooks.open_policy
         self.before_launch: list[LaunchCheck] = []
         self.after_tell: list[TellHook] = []
         self.after_budget: list[BudgetStep] = []
@@ -180,6 +184,7 @@ class StudyDriver:
         self.progress.__enter__()
         self._opened = True
         self.recover()
+        search_hooks.open_policy(self)   # dedupe, learned limits, early stop, the twin (tuner/search_hooks.py)
         self._ensure_enqueued()
         self.runner = TrialRunner(self.spec, self.engine, self.telemetry, self.store, self.log_dir,
                                   self.fixed_flags, self.predict)
@@ -247,6 +252,8 @@ class StudyDriver:
             if key not in done and self.claim(f"spec:{key}"):
                 self.study.enqueue_trial(extra, user_attrs={"role": "enqueued", "enqueued": sorted(extra),
                                                             "spec_candidate": key})
+        if self.twin is not None and self.claim("warm_start"):
+            search_hooks.warm_start(self, self.progress)   # the twin's picks, once per study
 
     def _requeue(self, params: dict[str, Any], role: str, number: int) -> None:
         self.study.enqueue_trial(params, user_attrs={"role": role, "enqueued": sorted(params),
@@ -254,7 +261,8 @@ class StudyDriver:
 
     # -- counting -----------------------------------------------------------------------------------
     def complete_count(self) -> int:
-        return len(self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+        # duplicates and candidates outside a learned limit are told COMPLETE but do not count
+        return sum(1 for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if counted(t))
 
     def running_count(self) -> int:
         """RUNNING trials of every process (a stale one counts until someone fails it)."""
@@ -264,8 +272,9 @@ class StudyDriver:
         """(complete, running) from ONE read: counted by two reads, a trial finishing in between would
         be in neither, and another trial would start beyond the budget."""
         trials = self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING))
-        complete = sum(1 for t in trials if t.state == TrialState.COMPLETE)
-        return complete, len(trials) - complete
+        complete = sum(1 for t in trials if t.state == TrialState.COMPLETE and counted(t))
+        running = sum(1 for t in trials if t.state == TrialState.RUNNING)
+        return complete, running
 
     def running_jobs(self) -> list[TrialJob]:
         with self._lock:
@@ -276,9 +285,12 @@ class StudyDriver:
 
         Check and ask are not one transaction: processes that both have a free slot and check in the
         same few milliseconds may both ask, so a study can overshoot by one trial per such process."""
-        if self.cancelled or self.stop_reason is not None:
+        if self.cancelled or self.stop_reason is not None or self.spent:
             return False
         if sum(self.counts()) >= self.n_trials:
+            return False
+        if search_hooks.spent(self, self.progress):   # nothing new left to propose
+            self.spent = True
             return False
         if self.deadline is not None:
             left = self.deadline - time.monotonic()
@@ -292,7 +304,8 @@ class StudyDriver:
         return True
 
     def budget_reached(self) -> bool:
-        return self.complete_count() >= self.n_trials
+        """The study holds its trials, or its space has nothing new left (the after-budget steps run)."""
+        return self.spent or self.complete_count() >= self.n_trials
 
     def done(self) -> bool:
         """Nothing more for this process to do: budget reached (or stopped / cancelled) and nothing of
@@ -327,6 +340,11 @@ class StudyDriver:
                                   hardware=self.hardware, workload=self.spec.workload,
                                   spec_hash=self.spec.identity_hash(), started_at=job.started_at,
                                   host=self.host, identity=self.identity)
+            if search_hooks.screen(self, trial, role, params, flags, self.progress):   # told, not launched
+                self._running.pop(job.number, None)
+                self.heartbeats.untrack(str(trial._trial_id))
+                return None
+            search_hooks.predict(self, trial, params)   # the twin's prediction beside the trial
         rejected = self.runner.precheck(flags, violations)
         for check in self.before_launch:
             if rejected is not None:
@@ -347,13 +365,16 @@ class StudyDriver:
         trial's start is now, not when it was asked: a wait for slots is not part of its wall time."""
         job.started_at = utcnow()
         self.store.save_trial(self.record.id, job.number, lease=lease.to_json(), started_at=job.started_at)
-        return self.runner.run(job.number, job.flags, [], phase, lease=lease)
+        with self._lock:
+            stopper = search_hooks.stopper(self)   # early stopping against the front as it is now
+        return self.runner.run(job.number, job.flags, [], phase, lease=lease, stopper=stopper)
 
     def finish(self, job: TrialJob, lease: Lease | None, outcome: TrialOutcome) -> None:
         """Tell Optuna and store the evidence (thread-safe)."""
         with self._lock:
             try:
                 self._tell(job, outcome, lease)
+                search_hooks.after_tell(self, job.number, job.params, job.flags, outcome, self.progress)
             finally:
                 self._running.pop(job.number, None)
                 assert self.heartbeats is not None
@@ -410,16 +431,18 @@ class StudyDriver:
         else:
             constraints = measured_constraints(self.slo, outcome.metrics, headroom_value, self.headroom_constraint)
             told = values
-            if not all(v <= 0 for v in constraints.values()):
+            stopped = outcome.state == "stopped"   # told its bound (early_stopped): never measured, never exported
+            if not all(v <= 0 for v in constraints.values()) and not stopped:
                 outcome.state = "infeasible"
-            trial.set_user_attr("measured", True)
+            if not stopped:
+                trial.set_user_attr("measured", True)
         evidence = outcome_evidence(outcome)
         if outcome.startup is not None and outcome.startup.engine_version:
             # The API server has no --version: its version is known once one launch has logged its banner.
             self.engine_version = outcome.startup.engine_version
             self.identity["engine_version"] = self.engine_version
         evidence["engine_version"] = self.engine_version
-        measured = dict(zip(self.spec.objectives, values)) if values is not None else {}
+        measured = dict(zip(self.spec.objectives, values)) if values is not None and outcome.state != "stopped" else {}
         overlap = self._overlap_fields(job)
         flags = sorted(set(overlap.pop("measurement_flags")) | set(evidence.pop("measurement_flags", None) or ())
                        | ({"client_saturated"} if outcome.cause == causes.CLIENT_SATURATED else set()))

@@ -69,6 +69,7 @@ class _Launch:
     env: dict[str, str]
     cores: tuple[int, ...]
     seed: int
+    stopper: Any = None        # tuner/earlystop.EarlyStop, or None
 
 
 class TrialRunner:
@@ -99,8 +100,9 @@ class TrialRunner:
         return None
 
     def run(self, number: int, flags: Sequence[str], violations: Sequence[str], phase: Phase,
-            lease: Lease | None = None, *, seed: int | None = None, log_name: str | None = None) -> TrialOutcome:
-        """`seed` replaces the spec's prompt seed (a confirmation round draws fresh prompts); `log_name`
+            lease: Lease | None = None, *, seed: int | None = None, log_name: str | None = None,
+            stopper: Any = None) -> TrialOutcome:
+        """`stopper` (tuner/earlystop.EarlyStop) may end the capacity search early. `seed` replaces the spec's prompt seed (a confirmation round draws fresh prompts); `log_name`
         replaces the server log's file name (a confirmation repeat must not overwrite its trial's log).
         With a lease: the lease's GPUs (CUDA_VISIBLE_DEVICES), its HTTP port and a block of internal
         ports, the server and this thread (the load client) pinned to its cores, telemetry over its GPUs
@@ -124,7 +126,7 @@ class TrialRunner:
             if self.spec.engine.kind == "vllm" and not gpus and cores and set(cores) < _affinity():
                 # the CPU build binds its OpenMP threads itself: to this lease's share, when it is one
                 env.setdefault("VLLM_CPU_OMP_THREADS_BIND", format_cpulist(cores))
-        launch = _Launch(all_flags, log_path, gpus, env, cores, self.spec.seed if seed is None else seed)
+        launch = _Launch(all_flags, log_path, gpus, env, cores, self.spec.seed if seed is None else seed, stopper)
         pinned = _pin_thread(cores)
         try:
             for attempt in range(1, PORT_ATTEMPTS + 1):
@@ -149,14 +151,15 @@ class TrialRunner:
     def _launch_and_serve(self, launch: "_Launch", port: int, phase: Phase) -> TrialOutcome:
         phase(f"starting {self.engine.name} on port {port}")
         request = LaunchRequest(model=self.spec.model, flags=launch.flags, port=port, log_path=launch.log_path,
-                                gpus=launch.gpus, env=launch.env, startup_timeout_s=self.spec.engine.startup_timeout_s,
+                                gpus=launch.gpus, env={**self._cache_env(), **launch.env}, startup_timeout_s=self.spec.engine.startup_timeout_s,
                                 cores=launch.cores)
         server = self.engine.launch(request)
         record_id = self._register(server, port)
         outcome: TrialOutcome | None = None
         try:
             with interruptible():
-                outcome = self._serve(server, phase, launch.log_path, launch.gpus, launch.seed)
+                outcome = self._serve(server, phase, launch.log_path, launch.gpus, launch.seed,
+                                      launch.stopper)
             return outcome
         finally:
             phase("stopping server")
@@ -172,6 +175,13 @@ class TrialRunner:
         outcome.log_tail = self.redactor.text(outcome.log_tail)
         return outcome
 
+    def _cache_env(self) -> dict[str, str]:
+        """Compilation caches on disk under the study's folder, shared by its trials (engine/cache.py)."""
+        if not self.spec.engine.compile_cache or self.spec.engine.kind != "vllm":
+            return {}
+        from autotune.engine.cache import compile_cache_env
+        return compile_cache_env(self.log_dir.parent / f"{self.spec.name}-cache")
+
     def _register(self, server: Server, port: int) -> int:
         try:
             created = psutil.Process(server.pid).create_time()
@@ -183,7 +193,7 @@ class TrialRunner:
                                            owner_create_time=process_create_time())
 
     def _serve(self, server: Server, phase: Phase, log_path: Path, gpus: Sequence[int],
-               seed: int) -> TrialOutcome:
+               seed: int, stopper: Any = None) -> TrialOutcome:
         try:
             phase("waiting for /health")
             startup = server.wait_ready()
@@ -196,7 +206,7 @@ class TrialRunner:
         t0 = time.monotonic()
         hung: str | None = None
         try:
-            measurement, capacity, stalled = self._measure(server.url, phase, seed)
+            measurement, capacity, stalled = self._measure(server.url, phase, seed, stopper)
         except UserError as e:
             measurement, capacity, stalled = None, None, 0
             if server.failure() is None:
@@ -224,12 +234,16 @@ class TrialRunner:
         outcome.capacity = capacity
         outcome.observed = self._observe(measurement, capacity, summary, elapsed, len(gpus))
         outcome.flags = list(capacity["measurement_flags"]) if capacity is not None else measurement.flags
-        if measurement.client.saturated:
+        if stopper is not None and stopper.stopped:   # search hook: early stopping (tuner/earlystop.py)
+            from autotune.tuner.earlystop import mark_stopped
+            mark_stopped(outcome, stopper.bound)
+        elif measurement.client.saturated:
             outcome.cause = causes.CLIENT_SATURATED
             outcome.detail = f"load generator saturated: {measurement.client.note}"
         return outcome
 
-    def _measure(self, url: str, phase: Phase, seed: int) -> tuple[Measurement | None, dict[str, Any] | None, int]:
+    def _measure(self, url: str, phase: Phase, seed: int,
+                 stopper: Any = None) -> tuple[Measurement | None, dict[str, Any] | None, int]:
         """The measurement, the capacity search's record (None for a fixed load) and how many requests
         the server stopped answering (stalled)."""
         load = self.spec.load
@@ -259,7 +273,7 @@ class TrialRunner:
             requests_per_step=load.requests_per_step, warmup=load.warmup, seed=seed,
             tokenizer=self.tokenizer, on_step=on_step, min_waves=load.min_waves, min_step_s=load.min_step_s,
             max_bracket=load.max_bracket, refine_steps=load.refine_steps, stall_timeout_s=load.stall_timeout_s,
-            api_key=self.api_key))
+            api_key=self.api_key, should_stop=stopper.should_stop if stopper else None))
         chosen = cap.at_capacity or (cap.steps[0].measurement if cap.steps else None)
         info = {"mode": cap.mode, "capacity": cap.capacity, "cache_reset": cap.cache_reset, "note": cap.note,
                 "bracket": list(cap.bracket), "measurement_flags": list(cap.flags), "seed": seed,

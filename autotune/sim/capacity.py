@@ -1,0 +1,60 @@
+"""The twin's own capacity under an SLO: closed-loop steps from one stream upward by x4 until the SLO
+breaks (or the simulated engine dies), then bisection to the crossing. Used by the warm start to rank
+candidates before any launch and by the search benchmark to compute its landscapes (simulated)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from autotune.perfmodel.predict import Plan
+from autotune.sim.inprocess import run as sim_run
+from autotune.slo import SLO
+
+MAX_CONCURRENCY = 1024
+PROBE_REQUESTS = 20
+
+
+def step(plan: Plan, c: int, input_len: int, output_len: int, requests: int, seed: int = 0) -> dict[str, Any]:
+    """One closed-loop step at concurrency c (first wave measured, as the real capacity search)."""
+    r = sim_run(plan, num_requests=PROBE_REQUESTS if c == 1 else requests, input_len=input_len,
+                output_len=output_len, concurrency=c, seed=seed)
+    m = r.metrics
+    return {"c": c, "tps": round(m["output_throughput"], 2), "ttft99": round(m["p99_ttft_ms"], 2),
+            "tpot50": round(m["median_tpot_ms"], 4), "metrics": m, "oom": r.oom is not None}
+
+
+def capacity_curve(plan: Plan, slo: SLO, input_len: int, output_len: int, requests: int = 160,
+                   seed: int = 0) -> list[dict[str, Any]]:
+    """Every step taken, sorted by concurrency; `meets` on each says whether the SLO held there."""
+    pts: dict[int, dict[str, Any]] = {}
+
+    def ok(c: int) -> bool:
+        if c not in pts:
+            s = step(plan, c, input_len, output_len, requests, seed)
+            s["meets"] = not s["oom"] and slo.met(s.pop("metrics"))
+            pts[c] = s
+        return bool(pts[c]["meets"])
+
+    lo, hi, c = 0, None, 1
+    while c <= MAX_CONCURRENCY:
+        if ok(c):
+            lo, c = c, c * 4
+        else:
+            hi = c
+            break
+    if hi is not None and lo > 0:
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if ok(mid):
+                lo = mid
+            else:
+                hi = mid
+    return [pts[k] for k in sorted(pts)]
+
+
+def at_capacity(curve: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The highest step that met the SLO below the lowest that broke it; None if the probe broke it."""
+    broken = [p["c"] for p in curve if not p["meets"]]
+    top = min(broken) if broken else float("inf")
+    met = [p for p in curve if p["meets"] and p["c"] < top]
+    return max(met, key=lambda p: p["c"]) if met else None

@@ -1,0 +1,165 @@
+"""The study loop's side of the search policy (tuner/policy.py). StudyLoop calls each function from one
+line marked `# search hook`; whatever replaces the loop (the daemon's StudyDriver) calls the same ones.
+
+- `open_policy`: the policy, with what the study already learned (limits, flags run) restored.
+- `warm_start`: on a new study, the twin's best picks enqueued after the baseline (tuner/warmstart.py).
+- `screen`: a duplicate or a candidate outside a learned limit is told without a launch and not counted.
+- `predict`: the twin's prediction and rank stored beside the trial.
+- `stopper`: the early-stopping check handed to the trial's capacity search.
+- `after_tell`: what ran is remembered; a failure that states its limit narrows the space.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from optuna.trial import TrialState
+
+from autotune import causes
+from autotune.store.models import utcnow
+from autotune.tuner.host import catalog_gpu_name, nvml_gpus
+from autotune.tuner.narrowing import Limit
+from autotune.tuner.objectives import failure_constraints, placeholder_values
+from autotune.tuner.policy import DUPLICATE, FREE, SearchPolicy, duplicate_told
+from autotune.tuner.warmstart import Ranking, twin_predictor, warm_start_picks
+
+RANKING_ATTR = "twin_ranking"       # study user attr: the twin's predicted values of the ranked candidates
+
+
+def study_gpu(spec: Any) -> tuple[str | None, int, float | None]:
+    """The catalog name of the study's GPUs, their count and memory (GiB), as far as they are known."""
+    if spec.engine.kind == "sim":
+        from autotune.perfmodel import find_gpu
+        g = find_gpu(spec.engine.gpu)
+        return spec.engine.gpu, spec.engine.num_gpus, g.memory_gib if g else None
+    gpus = [g for g in nvml_gpus() if g["index"] in spec.gpus]
+    if not gpus:
+        return None, len(spec.gpus), None
+    return catalog_gpu_name(gpus[0]["name"]), len(gpus), gpus[0]["memory_mib"] / 1024
+
+
+def open_policy(loop: Any) -> None:
+    spec = loop.spec
+    gpu, num, device_gib = study_gpu(spec)
+    n_before = len(loop.study.get_trials(deepcopy=False))
+    loop.policy = SearchPolicy(loop.space, loop.fixed_flags, spec.num_gpus, early_stop=spec.early_stop,
+                               device_gib=device_gib, seed=spec.seed + 7919 * n_before)
+    for doc in loop.store.limits(loop.record.id):
+        loop.policy.limits.add(Limit.from_json(doc))
+    for rec in loop.store.trials(loop.record.id):
+        if rec.state not in ("running", "interrupted", DUPLICATE):
+            loop.policy.ran(rec.flags or [], rec.number)
+    loop.twin, loop.ranking = None, None
+    ws = spec.warm_start
+    # On by default for real engines; on the simulator only when asked (the twin ranking itself).
+    if ws.source == "twin" and (spec.engine.kind == "vllm" or "warm_start" in spec.model_fields_set):
+        loop.twin = twin_predictor(spec.model, gpu, num, loop.fixed_flags, loop.space, spec.workload, loop.slo,
+                                   requests=min(spec.load.requests_per_step, 96))
+        values = loop.study.user_attrs.get(RANKING_ATTR)
+        if values is not None:
+            loop.ranking = Ranking(spec.objectives[0], spec.directions()[0] == "maximize", list(values))
+
+
+def warm_start(loop: Any, progress: Any) -> None:
+    """Once per study, right after the baseline (and the spec's own candidates) are first enqueued."""
+    spec = loop.spec
+    if loop.twin is None or spec.warm_start.k == 0 or RANKING_ATTR in loop.study.user_attrs:
+        return
+    if loop.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        return      # a study that already measured something (e.g. created before warm starts existed)
+    objective = spec.objectives[0]
+    progress.message(f"twin (simulated) ranking {spec.warm_start.candidates} candidates by {objective} "
+                     f"before the first launch")
+    t0 = time.monotonic()
+    picks, ranking = warm_start_picks(loop.space, loop.fixed_flags, spec.num_gpus, loop.twin, objective=objective,
+                                      maximize=spec.directions()[0] == "maximize", n=spec.warm_start.candidates,
+                                      k=spec.warm_start.k, seed=spec.seed)
+    loop.study.set_user_attr(RANKING_ATTR, ranking.values)
+    loop.ranking = ranking
+    for pick in picks:
+        loop.study.enqueue_trial(pick.params, user_attrs={
+            "role": "warm_start", "enqueued": sorted(pick.params), "twin_rank": pick.rank,
+            "twin_predicted": pick.predicted})
+    progress.message(f"warm start: {len(ranking.values)} candidates ranked in {time.monotonic() - t0:.0f} s"
+                     + "".join(f"; #{p.rank} predicted {objective}={p.predicted.get(objective, 0):.4g}"
+                               for p in picks))
+
+
+def predict(loop: Any, trial: Any, params: dict[str, Any]) -> None:
+    """The twin's prediction for this trial (simulated), stored beside what it will measure."""
+    if loop.twin is None:
+        return
+    pred = trial.user_attrs.get("twin_predicted")
+    rank = trial.user_attrs.get("twin_rank")
+    if pred is None:
+        pred = loop.twin(params) or {}
+        value = pred.get(loop.spec.objectives[0])
+        rank = loop.ranking.rank_of(float(value)) if loop.ranking is not None and value is not None else None
+    loop.store.save_prediction(loop.record.id, trial.number, rank, dict(pred))
+
+
+def screen(loop: Any, trial: Any, role: str, params: dict[str, Any], flags: list[str], progress: Any) -> bool:
+    """True when the candidate was settled without a launch (told to Optuna, not counted)."""
+    policy: SearchPolicy = loop.policy
+    found = policy.screen(params, flags, role)
+    wants_random = policy.proposed(found)
+    if found is None:
+        return False
+    told = duplicate_told(loop.study, found.earlier) if found.kind == DUPLICATE and found.earlier is not None else None
+    if told is not None:
+        values, constraints = told
+    else:
+        constraints = failure_constraints(loop.slo, loop.headroom_constraint)
+        history = [t.values for t in loop.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                   if t.user_attrs.get("measured")]
+        values = placeholder_values(loop.spec.objectives, history)
+    for key, value in constraints.items():
+        trial.set_constraint(key, float(value))
+    trial.set_user_attr(FREE, True)
+    trial.set_user_attr("cause", None if found.kind == DUPLICATE else found.kind)
+    loop.study.tell(trial, values)
+    state = DUPLICATE if found.kind == DUPLICATE else "failed"
+    loop.store.save_trial(loop.record.id, trial.number, state=state,
+                          cause=None if found.kind == DUPLICATE else found.kind, detail=found.detail,
+                          finished_at=utcnow())
+    progress.trial_finished(trial.number, role, state, None, found.detail + " (not counted)")
+    if wants_random:
+        cand = policy.fallback()
+        if cand is not None:
+            loop.study.enqueue_trial(cand, user_attrs={"role": "search", "enqueued": sorted(cand),
+                                                       "random_fallback": True})
+            progress.message("a stretch of duplicates: the next candidate is a random draw")
+    return True
+
+
+def spent(loop: Any, progress: Any) -> bool:
+    """True when so many proposals in a row were settled without a launch that the space is spent."""
+    policy = getattr(loop, "policy", None)
+    if policy is None or not policy.exhausted:
+        return False
+    progress.message(f"stopping: the last {policy.free_in_a_row} candidates were all duplicates or outside "
+                     f"learned limits; the space has nothing new left")
+    return True
+
+
+def stopper(loop: Any) -> Any:
+    """The early-stopping check for the next trial (None: off, or no incumbent yet)."""
+    if loop.spec.load.mode != "capacity":
+        return None
+    front = [t.values for t in loop.feasible_trials()]
+    return loop.policy.stopper(loop.spec.objectives, loop.spec.directions(), front,
+                               integer=loop.spec.load.search == "concurrency")
+
+
+def after_tell(loop: Any, number: int, params: dict[str, Any], flags: list[str], outcome: Any,
+               progress: Any) -> None:
+    if outcome.cause == causes.INTERRUPTED:
+        return
+    loop.policy.ran(flags, number)
+    if outcome.state == "failed":
+        lim = loop.policy.learn(number, outcome.cause, outcome.detail, params, flags)
+        if lim is not None:
+            loop.store.add_limit(loop.record.id, lim.to_json())
+            progress.message(f"learned from trial {number}: {lim.param} {lim.op} {lim.value:g} ({lim.reason}); "
+                             f"candidates outside it are not launched")

@@ -1,0 +1,104 @@
+"""Warm start from the twin: before the first launch, the simulator ranks a few hundred candidates of
+the space and the best few are enqueued right after the baseline, so the GPU's first minutes go to
+configurations the physics already favours instead of the sampler's random start-up draws.
+
+It applies where the twin can say something: the model has a built-in profile or a `config.json`, and
+the GPU is in the catalog (`autotune/perfmodel`). The twin is optimistic near a TTFT SLO and wrong on
+MoE by a third (benchmarks/sim_calibration.md), so it only chooses what runs first; every pick is
+measured like any other trial, and its prediction is kept beside the measurement (`show`).
+
+    picks, ranking = warm_start_picks(space, fixed, num_gpus, predict, objective="capacity_tps",
+                                      maximize=True, n=200, k=3, seed=0)
+"""
+
+from __future__ import annotations
+
+import bisect
+import random
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+from autotune.space import SearchSpace
+from autotune.tuner.dedupe import draw, flags_key
+
+Predictor = Callable[[Mapping[str, Any]], "dict[str, float] | None"]   # params -> predicted objectives
+
+
+@dataclass
+class Pick:
+    params: dict[str, Any]
+    rank: int                       # 1 = the twin's best of the candidates it ranked
+    predicted: dict[str, float]
+
+
+@dataclass
+class Ranking:
+    """The twin's predicted values of the ranked candidates, best first: where a new candidate would
+    stand among them (`rank_of`), so every trial can carry the twin's rank beside its measurement."""
+
+    objective: str
+    maximize: bool
+    values: list[float] = field(default_factory=list)
+
+    def rank_of(self, value: float) -> int:
+        keys = sorted(-v if self.maximize else v for v in self.values)
+        return bisect.bisect_left(keys, -value if self.maximize else value) + 1
+
+
+def warm_start_picks(space: SearchSpace, fixed_flags: Sequence[str], num_gpus: int, predict: Predictor, *,
+                     objective: str, maximize: bool, n: int = 200, k: int = 3,
+                     seed: int = 0) -> tuple[list[Pick], Ranking]:
+    """Rank `n` distinct random candidates (inside the known constraints) by the twin's `objective`
+    and return the best `k` with distinct flags. Candidates the twin says cannot start are dropped."""
+    rng = random.Random(seed)
+    order = space._ordered()
+    scored: list[tuple[float, dict[str, Any], dict[str, float]]] = []
+    seen: set[str] = set()
+    for _ in range(n * 5):
+        if len(seen) >= n:
+            break
+        cand = draw(space.params, order, rng)
+        key = flags_key(space.render(cand))
+        if key in seen or space.violations(cand, fixed_flags, num_gpus):
+            continue
+        seen.add(key)
+        pred = predict(cand)
+        if pred is None or pred.get(objective) is None:
+            continue
+        scored.append((float(pred[objective]), cand, pred))
+    scored.sort(key=lambda s: -s[0] if maximize else s[0])
+    ranking = Ranking(objective, maximize, [s[0] for s in scored])
+    return [Pick(c, i + 1, p) for i, (_, c, p) in enumerate(scored[:k])], ranking
+
+
+def twin_predictor(model: str, gpu: str | None, num_gpus: int, fixed_flags: Sequence[str], space: SearchSpace,
+                   workload: Mapping[str, Any], slo: Any, requests: int = 96) -> Predictor | None:
+    """The in-process twin as a predictor of one candidate's capacity, or None where it does not apply
+    (unknown model or GPU, or a workload without fixed lengths)."""
+    from autotune.errors import UserError
+    from autotune.perfmodel import find_gpu, find_profile, plan
+    from autotune.sim.capacity import at_capacity, capacity_curve
+
+    if find_gpu(gpu) is None or find_profile(model) is None or workload.get("kind") not in ("random", "prefix"):
+        return None
+    if workload.get("kind") == "random":
+        input_len, output_len = int(workload.get("input_len", 1024)), int(workload.get("output_len", 128))
+    else:
+        input_len = int(workload.get("prefix_len", 0)) + int(workload.get("suffix_len", 0))
+        output_len = int(workload.get("output_len", 128))
+
+    def predict(params: Mapping[str, Any]) -> dict[str, float] | None:
+        try:
+            p = plan(model, [*fixed_flags, *space.render(params)], gpu or "", max(num_gpus, 1))
+        except UserError:
+            return None
+        if not p.budget.fits:
+            return None
+        best = at_capacity(capacity_curve(p, slo, input_len, output_len, requests))
+        if best is None:
+            return {"capacity": 0.0, "capacity_tps": 0.0}
+        return {"capacity": float(best["c"]), "capacity_tps": best["tps"], "output_tps": best["tps"],
+                "p50_tpot_ms": best["tpot50"], "p99_ttft_ms": best["ttft99"],
+                "tps_per_gpu": best["tps"] / max(num_gpus, 1)}
+
+    return predict

@@ -1,0 +1,176 @@
+"""One simulated trial on a cached landscape (SIMULATED: the twin's numbers stand in for a GPU).
+
+A candidate goes through what a real trial goes through: the known constraints, the memory model's
+free check, the co-tenant's free-memory refusal (vLLM's own line, so failure learning can read it),
+then a capacity search that runs autotune's own search (`autotune.bench.capacity._Search`) on the
+landscape's curve, interpolated between its stored steps and measured with 5 % noise, with the
+optional early-stopping check asked after every step exactly as `find_capacity` asks it. Each trial
+carries its GPU seconds from a cost model fitted to the H200 runs (cost.py).
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import math
+import random
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from autotune import causes
+from autotune.bench.capacity import MARGIN_CAP, _Search
+from autotune.perfmodel import get_gpu
+from autotune.sim.capacity import at_capacity
+from autotune.slo import SLO
+from autotune.space import SearchSpace
+from autotune.tuner.earlystop import StepView
+
+NOISE = 0.05            # relative spread of one measurement (two runs of one config on the H200: 5.3 %)
+ABORT_MARGIN = 0.5      # a step whose p99 TTFT is 1.5x the limit is cut short (bench/abort.py, roughly)
+MAX_STEPS = 6           # the spec's default load.max_steps
+
+
+@dataclass
+class Trial:
+    params: dict[str, Any]
+    state: str                      # ok | failed | stopped
+    cause: str | None = None
+    detail: str = ""
+    values: dict[str, float] = field(default_factory=dict)   # measured (noisy), or the bound when stopped
+    true_tps: float = 0.0           # the landscape's capacity_tps of this config (0 when it cannot run)
+    full_steps: int = 0
+    aborted_steps: int = 0
+    launched: bool = False
+    startup_failed: bool = False
+    load_s_extra: float = 0.0       # load time outside the capacity-search model (auto_tune.sh's crawl)
+
+
+class Landscape:
+    def __init__(self, doc: Mapping[str, Any], scenario: Any):
+        self.scenario = scenario
+        self.space = SearchSpace.from_mapping(scenario.space, scenario.name)
+        self.slo = SLO.parse(scenario.slo)
+        self.limit = self.slo.terms[0].limit_ms
+        self.grid = {k: list(v) for k, v in doc["grid"].items()}
+        self.points = {self.key(p["params"]): p for p in doc["points"]}
+        self.gpu_gib = get_gpu(scenario.gpu).memory_gib
+
+    # -- lookup ------------------------------------------------------------------------------------
+    @staticmethod
+    def key(params: Mapping[str, Any]) -> str:
+        return json.dumps(dict(params), sort_keys=True)
+
+    def snap(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """The discretization: each value to its nearest grid value (log distance on log ranges)."""
+        base = self.space.baseline_params()
+        out: dict[str, Any] = {}
+        for name, values in self.grid.items():
+            v = params.get(name, base.get(name))
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                out[name] = v
+                continue
+            spec = self.space.params.get(name)
+            dist = (lambda a: abs(math.log(a) - math.log(v))) if spec is not None and spec.log else (lambda a: abs(a - v))
+            out[name] = min(values, key=dist)
+        return out
+
+    def point(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        return self.points[self.key(self.snap(params))]
+
+    def true_tps(self, params: Mapping[str, Any]) -> float:
+        p = self.point(params)
+        if p["start"] != "ok" or self.cotenant_refuses(params):
+            return 0.0
+        best = at_capacity(p["curve"])
+        return float(best["tps"]) if best else 0.0
+
+    def best_tps(self) -> float:
+        """The landscape's best: the highest true capacity_tps of any grid point this host can start."""
+        return max(self.true_tps(p["params"]) for p in self.points.values())
+
+    def twin_predict(self, params: Mapping[str, Any]) -> dict[str, float] | None:
+        """The perturbed twin (the warm start's view): its own capacity at the same point."""
+        p = self.point(params)
+        if p["start"] != "ok":
+            return None
+        best = at_capacity(p["twin_curve"])
+        if best is None:
+            return {"capacity_tps": 0.0}
+        return {"capacity_tps": float(best["tps"]), "p50_tpot_ms": float(best["tpot50"]), "capacity": float(best["c"])}
+
+    def gmu(self, params: Mapping[str, Any]) -> float:
+        return float(params.get("gpu_memory_utilization", 0.92))
+
+    def cotenant_refuses(self, params: Mapping[str, Any]) -> bool:
+        held = self.scenario.held_gib
+        return bool(held) and self.gmu(params) * self.gpu_gib > self.gpu_gib - held
+
+    # -- measuring ---------------------------------------------------------------------------------
+    def at_load(self, curve: list[dict[str, Any]], c: float) -> tuple[float, float, float, bool]:
+        """(tps, p99 TTFT, p50 TPOT, runtime OOM) at load c, linear between the stored steps."""
+        cs = [p["c"] for p in curve]
+        oom = any(p["oom"] and c >= p["c"] for p in curve)
+        i = bisect.bisect_left(cs, c)
+        if i < len(cs) and cs[i] == c:
+            p = curve[i]
+            return p["tps"], p["ttft99"], p["tpot50"], oom
+        if i == 0:
+            p = curve[0]
+            return p["tps"], p["ttft99"], p["tpot50"], oom
+        a, b = curve[i - 1], curve[min(i, len(cs) - 1)]
+        if i >= len(cs):                     # beyond the last step: latency keeps its last slope
+            a, b = curve[-2] if len(curve) > 1 else curve[-1], curve[-1]
+        span = (b["c"] - a["c"]) or 1.0
+        f = (c - a["c"]) / span
+        tps = a["tps"] + f * (b["tps"] - a["tps"]) if i < len(cs) else b["tps"]
+        return tps, a["ttft99"] + f * (b["ttft99"] - a["ttft99"]), a["tpot50"] + f * (b["tpot50"] - a["tpot50"]), oom
+
+    def run(self, params: Mapping[str, Any], rng: random.Random, should_stop: Any = None) -> Trial:
+        """One trial of `params` (the candidate's searched values; baseline defaults fill the rest)."""
+        params = dict(params)
+        bad = self.space.violations(params, list(self.scenario.fixed_flags), self.scenario.num_gpus)
+        if bad:
+            return Trial(params, "failed", causes.CONSTRAINT, "; ".join(bad))
+        p = self.point(params)
+        if p["start"] != "ok":
+            return Trial(params, "failed", causes.PREDICTED_OOM, p.get("detail", ""))
+        if self.cotenant_refuses(params):
+            total, free = self.gpu_gib, self.gpu_gib - self.scenario.held_gib
+            g = self.gmu(params)
+            return Trial(params, "failed", causes.STARTUP_OOM, launched=True, startup_failed=True, detail=(
+                f"Free memory on device cuda:0 ({free:.2f}/{total:.1f} GiB) on startup is less than desired GPU "
+                f"memory utilization ({g:g}, {g * total:.2f} GiB). Decrease GPU memory utilization or reduce "
+                f"GPU memory used by other processes."))
+        trial = Trial(params, "ok", launched=True, true_tps=self.true_tps(params))
+        search = _Search(True, 1024.0, 0.03)
+        views: list[StepView] = []
+        measured: dict[float, tuple[float, float]] = {}
+        load: float | None = 1.0
+        while load is not None and len(views) < MAX_STEPS:
+            tps, ttft, tpot, oom = self.at_load(p["curve"], load)
+            if oom:
+                trial.state, trial.cause, trial.detail = "failed", causes.RUNTIME_OOM, "simulated runtime OOM"
+                trial.full_steps += 1
+                return trial
+            tps, ttft, tpot = (x * (1 + rng.gauss(0, NOISE)) for x in (tps, ttft, tpot))
+            margin = min(MARGIN_CAP, ttft / self.limit - 1)
+            aborted = margin > ABORT_MARGIN
+            met = margin <= 0
+            search.add(load, margin, met)
+            views.append(StepView(load, met, None if aborted else tps, tpot, ttft, aborted))
+            measured[load] = (tps, tpot)
+            if aborted:
+                trial.aborted_steps += 1
+            else:
+                trial.full_steps += 1
+            load = search.next_load(final=len(views) == MAX_STEPS - 1) if len(views) < MAX_STEPS else None
+            if load is not None and should_stop is not None and should_stop(views):   # as find_capacity asks
+                trial.state, trial.cause = "stopped", causes.EARLY_STOPPED
+                return trial
+        lo, _ = search.bracket()
+        if lo is None:
+            trial.values = {"capacity_tps": 0.0, "p50_tpot_ms": measured[1.0][1]}
+        else:
+            tps, tpot = measured[lo[0]]
+            trial.values = {"capacity_tps": tps, "p50_tpot_ms": tpot}
+        return trial

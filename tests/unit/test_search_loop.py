@@ -1,0 +1,177 @@
+"""The search policy inside the real study loop (real Optuna, real SQLite), with an engine whose
+launches fail at startup as told: learned limits, duplicates, the twin's warm start, the cache env."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import pytest
+
+from autotune import causes
+from autotune.flags import flags_to_mapping
+from autotune.space import SearchSpace
+from autotune.spec import build_spec
+from autotune.telemetry import get_source
+from autotune.tuner import search_hooks
+from autotune.tuner.study import StudyLoop
+from autotune.engine.base import Engine, EngineFailure, LaunchRequest, Server, StartupInfo
+
+NO_SUCH_PID = 4_194_000   # never a live process: the loop's leftover cleanup has nothing to stop
+
+
+class FakeServer(Server):
+    def __init__(self, failure: EngineFailure, log_path: Path):
+        self.pid, self.url, self.log_path, self._failure = NO_SUCH_PID, "http://127.0.0.1:9", log_path, failure
+
+    def wait_ready(self) -> StartupInfo:
+        raise self._failure
+
+    def alive(self) -> bool:
+        return False
+
+    def failure(self) -> EngineFailure | None:
+        return self._failure
+
+    def stop(self, grace_s: float = 15.0) -> None:
+        pass
+
+
+class FailingEngine(Engine):
+    """`fail(flags)` -> (cause, detail) for each launch; every launch is recorded in `launches`."""
+
+    name = "fake"
+
+    def __init__(self, fail: Callable[[Sequence[str]], tuple[str, str]]):
+        self.fail = fail
+        self.launches: list[LaunchRequest] = []
+
+    def launch(self, request: LaunchRequest) -> Server:
+        self.launches.append(request)
+        cause, detail = self.fail(request.flags)
+        return FakeServer(EngineFailure(cause, detail), request.log_path)
+
+    def unknown_flags(self, flags: Sequence[str]) -> list[str]:
+        return []
+
+    def version(self) -> str | None:
+        return "fake"
+
+FREE_LINE = ("Free memory on device cuda:0 (70.0/139.8 GiB) on startup is less than desired GPU memory "
+             "utilization (0.92, 128.62 GiB). Decrease GPU memory utilization or reduce GPU memory used by "
+             "other processes.")
+
+
+def _loop(tmp_path: Path, space: dict[str, Any], engine: FailingEngine, n_trials: int, **extra: Any) -> StudyLoop:
+    spec = build_spec({"name": "s", "model": str(tmp_path), "engine": {"kind": "vllm", "command": ["vllm"]},
+                       "storage": f"sqlite:///{tmp_path}/s.db", "telemetry": {"source": "none"}, **extra}, "test")
+    sp = SearchSpace.from_mapping(space, "test")
+    return StudyLoop(spec, sp, engine, get_source("none"), n_trials, None, [], ["vllm"], live=False)
+
+
+def _rows(tmp_path: Path) -> list[tuple[Any, ...]]:
+    with sqlite3.connect(tmp_path / "s.db") as conn:
+        return conn.execute("select number, role, state, cause, detail, params from autotune_trials "
+                            "order by number").fetchall()
+
+
+def _gmu(flags: Sequence[str]) -> float | None:
+    v = flags_to_mapping(list(flags)).get("gpu_memory_utilization")
+    return None if v is None else float(v)
+
+
+def test_a_failure_that_states_its_limit_narrows_the_space(tmp_path: Path) -> None:
+    def fail(flags: Sequence[str]) -> tuple[str, str]:
+        g = _gmu(flags)
+        if g is None or g > 70.0 / 139.8:
+            return causes.STARTUP_OOM, FREE_LINE
+        return causes.CRASH, "RuntimeError: something else (exit code 1)"
+
+    engine = FailingEngine(fail)
+    space = {"params": {"gpu_memory_utilization": {"type": "float", "low": 0.30, "high": 0.70, "step": 0.01,
+                                                   "default": 0.92}}}
+    result = _loop(tmp_path, space, engine, n_trials=4).run()
+    launched = [_gmu(r.flags) for r in engine.launches]
+    assert launched[0] is None                        # the baseline: vLLM's defaults, no flags
+    limit = round(70.0 / 139.8 - 0.01, 4)
+    assert all(g is not None and g <= limit for g in launched[1:]), launched
+    assert len(engine.launches) == 4 == result.complete   # rejected candidates do not count
+    rows = _rows(tmp_path)
+    rejected = [r for r in rows if r[3] == causes.CONSTRAINT]
+    assert rejected, "TPE proposed nothing above the limit in this seed; the test proves nothing"
+    assert all("learned from a failure" in r[4] and f"gpu_memory_utilization <= {limit:g}" in r[4] for r in rejected)
+    with sqlite3.connect(tmp_path / "s.db") as conn:
+        stored = conn.execute("select param, op, value, trial_number from autotune_limits").fetchall()
+    assert stored == [("gpu_memory_utilization", "<=", limit, 0)]
+
+
+def test_duplicates_are_skipped_and_not_counted(tmp_path: Path) -> None:
+    engine = FailingEngine(lambda flags: (causes.CRASH, "exit code 1"))
+    space = {"params": {"max_num_seqs": {"type": "categorical", "choices": [16, 32, 64], "default": 1024}}}
+    result = _loop(tmp_path, space, engine, n_trials=4, sampler="random").run()
+    keys = [tuple(r.flags) for r in engine.launches]
+    assert len(keys) == len(set(keys)) == 4 == result.complete   # baseline + each of the 3 choices once
+    rows = _rows(tmp_path)
+    dups = [r for r in rows if r[2] == "duplicate"]
+    assert dups and all(r[4].startswith("same flags as trial ") for r in dups)
+
+
+def test_the_twin_warm_start_enqueues_its_picks_after_the_baseline(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[dict[str, Any]] = []
+
+    def fake_twin(*args: Any, **kwargs: Any) -> Any:
+        def predict(params: dict[str, Any]) -> dict[str, float]:
+            calls.append(dict(params))
+            return {"capacity_tps": float(params["max_num_seqs"]), "p50_tpot_ms": 5.0}
+        return predict
+
+    monkeypatch.setattr(search_hooks, "twin_predictor", fake_twin)
+    engine = FailingEngine(lambda flags: (causes.CRASH, "exit code 1"))
+    space = {"params": {"max_num_seqs": {"type": "int", "low": 16, "high": 1024, "default": 1024},
+                        "enable_prefix_caching": {"type": "bool", "default": True}}}
+    _loop(tmp_path, space, engine, n_trials=4, warm_start={"from": "twin", "k": 2, "candidates": 50}).run()
+    ranked = sorted(calls[:50], key=lambda p: -p["max_num_seqs"])   # the twin's ranking of the candidates
+    rows = _rows(tmp_path)
+    assert [r[1] for r in rows[:3]] == ["baseline", "warm_start", "warm_start"]
+    import json
+    picked = [json.loads(r[5]) for r in rows[1:3]]
+    assert picked == ranked[:2]
+    with sqlite3.connect(tmp_path / "s.db") as conn:
+        preds = dict(conn.execute("select number, rank from autotune_predictions").fetchall())
+    assert preds[1] == 1 and preds[2] == 2 and set(preds) >= {0, 1, 2, 3}   # every trial carries the twin's rank
+
+
+def test_trials_share_compile_caches_under_the_study_folder(tmp_path: Path) -> None:
+    engine = FailingEngine(lambda flags: (causes.CRASH, "exit code 1"))
+    space = {"params": {"max_num_seqs": {"type": "categorical", "choices": [16, 32], "default": 1024}}}
+    _loop(tmp_path, space, engine, n_trials=2).run()
+    envs = [r.env for r in engine.launches]
+    assert envs[0]["VLLM_CACHE_ROOT"] == envs[1]["VLLM_CACHE_ROOT"] == str((tmp_path / "s-cache" / "vllm").resolve())
+    assert {"TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"} <= set(envs[0])
+    assert Path(envs[0]["TRITON_CACHE_DIR"]).is_dir()
+
+
+def test_show_lists_the_learned_limit_and_the_twin_beside_each_trial(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    import argparse
+    import json
+
+    from autotune.report.show import show_command
+
+    monkeypatch.setattr(search_hooks, "twin_predictor",
+                        lambda *a, **k: (lambda params: {"capacity_tps": 100.0 * params.get("gpu_memory_utilization", 0.92)}))
+    engine = FailingEngine(lambda flags: (causes.STARTUP_OOM, FREE_LINE))
+    space = {"params": {"gpu_memory_utilization": {"type": "float", "low": 0.30, "high": 0.60, "step": 0.01,
+                                                   "default": 0.92}}}
+    _loop(tmp_path, space, engine, n_trials=2, warm_start={"from": "twin", "k": 1, "candidates": 20}).run()
+    capsys.readouterr()
+    show_command(argparse.Namespace(storage=f"sqlite:///{tmp_path}/s.db", study_name=None, json=True))
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["learned_limits"][0]["param"] == "gpu_memory_utilization" and doc["learned_limits"][0]["trial"] == 0
+    launched = [r for r in doc["trials"] if r["state"] != "duplicate" and r["cause"] != causes.CONSTRAINT]
+    assert len(launched) == 2 and all(r["twin"] is not None and r["twin"]["simulated"] for r in launched)
+    show_command(argparse.Namespace(storage=f"sqlite:///{tmp_path}/s.db", study_name=None, json=False))
+    text = capsys.readouterr().out
+    assert "learned limit" in text and "twin capacity_tps" in text

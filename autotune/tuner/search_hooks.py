@@ -1,5 +1,5 @@
-"""The study loop's side of the search policy (tuner/policy.py). StudyLoop calls each function from one
-line marked `# search hook`; whatever replaces the loop (the daemon's StudyDriver) calls the same ones.
+"""The study driver's side of the search policy (tuner/policy.py): StudyDriver (tuner/driver.py) calls
+each function from one place, with itself as `loop`.
 
 - `open_policy`: the policy, with what the study already learned (limits, flags run) restored.
 - `warm_start`: on a new study, the twin's best picks enqueued after the baseline (tuner/warmstart.py).

@@ -15,7 +15,9 @@ from autotune.space import SearchSpace
 from autotune.spec import build_spec
 from autotune.telemetry import get_source
 from autotune.tuner import search_hooks
-from autotune.tuner.study import StudyLoop
+from autotune.daemon.scheduler import Scheduler
+from autotune.tuner.command import host_pool
+from autotune.tuner.driver import StudyDriver, StudyResult
 from autotune.engine.base import Engine, EngineFailure, LaunchRequest, Server, StartupInfo
 
 NO_SUCH_PID = 4_194_000   # never a live process: the loop's leftover cleanup has nothing to stop
@@ -63,11 +65,24 @@ FREE_LINE = ("Free memory on device cuda:0 (70.0/139.8 GiB) on startup is less t
              "other processes.")
 
 
-def _loop(tmp_path: Path, space: dict[str, Any], engine: FailingEngine, n_trials: int, **extra: Any) -> StudyLoop:
+class _Run:
+    """`run` as the CLI does it: one driver behind a one-slot scheduler."""
+
+    def __init__(self, driver: StudyDriver):
+        self.driver = driver
+
+    def run(self) -> StudyResult:
+        scheduler = Scheduler(host_pool(self.driver.spec, 1), parallel=1)
+        scheduler.add(self.driver)
+        scheduler.run_until_done()
+        return self.driver.result()
+
+
+def _loop(tmp_path: Path, space: dict[str, Any], engine: FailingEngine, n_trials: int, **extra: Any) -> _Run:
     spec = build_spec({"name": "s", "model": str(tmp_path), "engine": {"kind": "vllm", "command": ["vllm"]},
                        "storage": f"sqlite:///{tmp_path}/s.db", "telemetry": {"source": "none"}, **extra}, "test")
     sp = SearchSpace.from_mapping(space, "test")
-    return StudyLoop(spec, sp, engine, get_source("none"), n_trials, None, [], ["vllm"], live=False)
+    return _Run(StudyDriver(spec, sp, engine, get_source("none"), n_trials, None, [], ["vllm"], live=False))
 
 
 def _rows(tmp_path: Path) -> list[tuple[Any, ...]]:
@@ -174,4 +189,5 @@ def test_show_lists_the_learned_limit_and_the_twin_beside_each_trial(tmp_path: P
     assert len(launched) == 2 and all(r["twin"] is not None and r["twin"]["simulated"] for r in launched)
     show_command(argparse.Namespace(storage=f"sqlite:///{tmp_path}/s.db", study_name=None, json=False))
     text = capsys.readouterr().out
-    assert "learned limit" in text and "twin capacity_tps" in text
+    # the table's narrow columns fold their headers: "twin capacity_tps" may wrap inside its cell
+    assert "learned limit" in text and "twin" in text and "SIMULATED, beside the measurement" in text

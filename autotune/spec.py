@@ -77,7 +77,7 @@ def _cpu_build_here() -> bool:
 
 class LoadSpec(_Strict):
     mode: Literal["capacity", "fixed"] = "capacity"
-    search: Literal["concurrency", "rate"] = "concurrency"
+    search: Literal["concurrency", "rate", "time_scale"] = "concurrency"   # time_scale: a trace's speed-up
     max_steps: int = Field(6, ge=1, le=20)
     requests_per_step: int = Field(200, ge=4)
     warmup: int = Field(16, ge=0)
@@ -161,8 +161,14 @@ class StudySpec(_Strict):
     @classmethod
     def _workload(cls, v: dict[str, Any]) -> dict[str, Any]:
         if "kind" not in v:
-            raise ValueError("workload: needs 'kind' (random, jsonl, prefix)")
+            raise ValueError("workload: needs 'kind' (random, jsonl, prefix, trace)")
         return v
+
+    @model_validator(mode="after")
+    def _replay_needs_trace(self) -> "StudySpec":
+        if self.load.mode == "capacity" and self.load.search == "time_scale" and self.workload.get("kind") != "trace":
+            raise ValueError("load.search time_scale scales a trace's rate: it needs workload kind trace")
+        return self
 
     @property
     def slo_obj(self) -> SLO:

@@ -21,6 +21,7 @@ from typing import Any, Callable
 import aiohttp
 
 from autotune.bench.metrics import slo_margins
+from autotune.bench.replay import replay_rate, replay_requests
 from autotune.bench.results import CapacityResult, LoadStep, Measurement
 from autotune.bench.runner import run_load
 from autotune.bench.workloads import Workload
@@ -158,10 +159,12 @@ async def find_capacity(base_url: str, model: str, workload: Workload, slo: SLO,
                         tokenizer: str | None = None, start: float | None = None, upper: float | None = None,
                         on_step: Callable[[LoadStep], None] | None = None, endpoint: str = "completions",
                         tolerance: float = DEFAULT_TOLERANCE, timeout_s: float = 600) -> CapacityResult:
-    """Highest concurrency (`search="concurrency"`, closed loop) or request rate (`"rate"`, Poisson) at
-    which every term of `slo` holds, within `max_steps` load steps (the probe counts as one)."""
-    if search not in ("concurrency", "rate"):
-        raise UserError(f"capacity search is by 'concurrency' or 'rate', not {search!r}")
+    """Highest concurrency (`search="concurrency"`, closed loop), request rate (`"rate"`, Poisson) or
+    trace speed-up (`"time_scale"`: a trace replayed at its recorded times divided by the load) at which
+    every term of `slo` holds, within `max_steps` load steps (the probe counts as one)."""
+    if search not in ("concurrency", "rate", "time_scale"):
+        raise UserError(f"capacity search is by 'concurrency', 'rate' or 'time_scale', not {search!r}")
+    trace_rate = replay_rate(workload) if search == "time_scale" else None   # replay.py (trace replay)
     if max_steps < 2:
         raise UserError("a capacity search needs max_steps >= 2")
     if requests_per_step < 1:
@@ -181,11 +184,14 @@ async def find_capacity(base_url: str, model: str, workload: Workload, slo: SLO,
         if probe or integer:
             m = await run_load(base_url, model, workload, concurrency=int(load), num_requests=n,
                                warmup=min(warmup, 4) if probe else warmup, seed=seed_i, **common)
+        elif trace_rate is not None:   # trace replay: the step replays the trace `load` times as fast
+            m = await run_load(base_url, model, workload, time_scale=1.0 / load, warmup=warmup, seed=seed_i,
+                               num_requests=replay_requests(workload, n), **common)
         else:
             m = await run_load(base_url, model, workload, rate=load, num_requests=n, warmup=warmup, seed=seed_i,
                                **common)
         if probe and start is None and not integer:
-            load = float(f"{m.metrics['request_throughput']:.3g}")   # the single stream's own rate
+            load = float(f"{m.metrics['request_throughput'] / (trace_rate or 1.0):.3g}")   # the single stream's own rate
         s = LoadStep(load=load, measurement=m, slo_met=False)
         margin = relative_margin(s, slo)
         s.slo_met = margin <= 0 and not m.aborted_early

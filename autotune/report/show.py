@@ -73,9 +73,10 @@ def show_command(args: argparse.Namespace) -> int:
     front = pareto_front(study, trials)
     best = best_trial(study, trials)
     rows = trial_rows(study, trials)
+    profile = store.workload_profile(study.id)
     if args.json:
         print(json.dumps({"study": study.name, "model": study.model, "slo": study.slo,
-                          "objectives": study.objectives, "trials": rows,
+                          "objectives": study.objectives, "workload_profile": profile, "trials": rows,
                           "pareto_front": [t.number for t in front],
                           "best": best.number if best else None}, indent=2, default=str))
         return 0
@@ -84,6 +85,9 @@ def show_command(args: argparse.Namespace) -> int:
     sim = " (SIMULATED engine)" if any(t.simulated for t in trials) else ""
     console.print(f"study [bold]{study.name}[/]{sim}: model {study.model}, SLO {study.slo}, "
                   f"{len(trials)} trial(s), storage {args.storage}")
+    if profile:
+        from autotune.bench.profile import format_profile
+        console.print(format_profile(profile), markup=False, highlight=False)
     extra = [(label, key) for label, key, objective in (
         ("p99 TTFT ms", "p99_ttft_ms", "p99_ttft_ms"), ("p50 TPOT ms", "median_tpot_ms", "p50_tpot_ms"),
         ("out tok/s", "output_throughput", "output_tps")) if objective not in names
@@ -98,7 +102,7 @@ def show_command(args: argparse.Namespace) -> int:
                       *[_fmt(r[key]) for _, key in extra], _fmt(r["capacity"]), _fmt(t.kv_cache_tokens),
                       _fmt(t.startup_seconds))
     console.print(table)
-    console.print("state * = on the Pareto front; load = highest load meeting the SLO (concurrency or req/s)")
+    console.print("state * = on the Pareto front; load = highest load meeting the SLO (concurrency, req/s, or x a trace's recorded rate)")
     for t in trials:
         line = _telemetry_line(study, t)
         why = t.detail if (t.state != "ok" or t.cause) and t.detail else ""

@@ -104,3 +104,16 @@ class ProcessRecord(Base):
     owner_pid: Mapped[int] = mapped_column(Integer)     # the autotune process that started it
     port: Mapped[int] = mapped_column(Integer)
     started_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
+
+
+class WorkloadProfileRecord(Base):
+    """What the study's workload looks like (bench/profile.py: lengths, arrivals, burstiness, prefix
+    sharing), computed once when the study is opened, so `show` and the report can say what traffic the
+    numbers were measured under without the trace file."""
+
+    __tablename__ = "autotune_workload_profiles"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    study_id: Mapped[int] = mapped_column(ForeignKey("autotune_studies.id"), unique=True)
+    profile: Mapped[dict[str, Any]] = mapped_column(JSON)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)

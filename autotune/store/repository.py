@@ -11,7 +11,8 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
 from autotune.errors import UserError
-from autotune.store.models import Base, ProcessRecord, SeriesRecord, StudyRecord, TrialRecord, utcnow
+from autotune.store.models import (Base, ProcessRecord, SeriesRecord, StudyRecord, TrialRecord, WorkloadProfileRecord,
+                                   utcnow)
 
 
 def sqlite_path(url: str) -> Path | None:
@@ -98,6 +99,24 @@ class ResultStore:
                 raise UserError(f"study {rec.name!r} in {self.url} was created with another search space; "
                                 f"use a new study name or storage")
             return rec
+
+    # the workload's profile ------------------------------------------------------------------------
+    def save_workload_profile(self, study_id: int, profile: dict[str, Any]) -> None:
+        with self.session() as s:
+            rec = s.scalar(select(WorkloadProfileRecord).where(WorkloadProfileRecord.study_id == study_id))
+            if rec is None:
+                s.add(WorkloadProfileRecord(study_id=study_id, profile=profile))
+            else:
+                rec.profile = profile
+            s.commit()
+
+    def workload_profile(self, study_id: int) -> dict[str, Any] | None:
+        """None also for a database written before profiles were stored (no such table)."""
+        with self.session() as s:
+            if not inspect(s.connection()).has_table(WorkloadProfileRecord.__tablename__):
+                return None
+            rec = s.scalar(select(WorkloadProfileRecord).where(WorkloadProfileRecord.study_id == study_id))
+            return None if rec is None else rec.profile
 
     # trials ----------------------------------------------------------------------------------------
     def save_trial(self, study_id: int, number: int, **fields: Any) -> TrialRecord:

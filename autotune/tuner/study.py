@@ -127,6 +127,9 @@ class StudyLoop:
             space_hash=self.space.fingerprint(), spec_hash=self.spec.identity_hash(), spec=self.spec.public_dict(),
             objectives=[[o, d] for o, d in zip(self.spec.objectives, self.spec.directions())],
             slo=str(self.slo), quality_knobs=[p for p in self.space.quality_params])
+        # [trace replay, issue 16] the workload's profile, stored with the study (tuner/workload_profile.py)
+        from autotune.tuner.workload_profile import store_workload_profile
+        store_workload_profile(self.store, self.record.id, self.spec)
         self.log_dir = log_dir_for(self.spec)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.hardware = hardware(self.spec)

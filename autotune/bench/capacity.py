@@ -186,7 +186,7 @@ async def find_capacity(base_url: str, model: str, workload: Workload, slo: SLO,
                                warmup=min(warmup, 4) if probe else warmup, seed=seed_i, **common)
         elif trace_rate is not None:   # trace replay: the step replays the trace `load` times as fast
             m = await run_load(base_url, model, workload, time_scale=1.0 / load, warmup=warmup, seed=seed_i,
-                               num_requests=replay_requests(workload, n), **common)
+                               num_requests=replay_requests(workload, n, warmup), **common)
         else:
             m = await run_load(base_url, model, workload, rate=load, num_requests=n, warmup=warmup, seed=seed_i,
                                **common)

@@ -22,6 +22,8 @@ def replay_rate(workload: Workload) -> float:
     return rate
 
 
-def replay_requests(workload: Workload, per_step: int) -> int:
-    """Requests in one step: the trace's window once, at most `per_step`."""
-    return min(per_step, getattr(workload, "size", per_step))
+def replay_requests(workload: Workload, per_step: int, warmup: int) -> int:
+    """Requests in one step: the rest of the trace's window after the warm-up requests (the whole window
+    when it is no longer than the warm-up), at most `per_step`."""
+    size = getattr(workload, "size", per_step)
+    return max(1, min(per_step, size - warmup if size > warmup else size))

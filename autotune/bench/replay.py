@@ -8,8 +8,14 @@ requests, when fewer), after the warm-up requests: its bursts, lengths and conve
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+from autotune.bench.results import ClientHealth
 from autotune.bench.workloads import TraceWorkload, Workload
 from autotune.errors import UserError
+
+DRIFT_GAPS = 0.5        # a replay whose p99 send error exceeds half the trace's median gap ...
+DRIFT_FLOOR_MS = 10.0   # ... and this (a burst logged at one instant has gaps of 0) fell behind the trace
 
 
 def replay_rate(workload: Workload) -> float:
@@ -27,3 +33,17 @@ def replay_requests(workload: Workload, per_step: int, warmup: int) -> int:
     when it is no longer than the warm-up), at most `per_step`."""
     size = getattr(workload, "size", per_step)
     return max(1, min(per_step, size - warmup if size > warmup else size))
+
+
+def held_schedule(health: ClientHealth, metrics: dict[str, float], mode: str) -> ClientHealth:
+    """A trace replay that fell behind its schedule offered the server another workload than the trace:
+    flag it as the client's saturation (its latencies are not the trace's), never silently. Within half
+    a median gap no two requests swap places and a burst still reaches the server as a burst."""
+    drift, gap = metrics.get("p99_send_drift_ms"), metrics.get("median_send_gap_ms")
+    if mode != "trace" or drift is None:
+        return health
+    limit = max(DRIFT_GAPS * (gap or 0.0), DRIFT_FLOOR_MS)
+    if drift <= limit:
+        return health
+    note = f"send times fell behind the trace: p99 {drift:.1f} ms late against {gap or 0:.1f} ms median gaps"
+    return replace(health, saturated=True, note="; ".join(x for x in (health.note, note) if x))

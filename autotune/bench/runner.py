@@ -19,6 +19,7 @@ from autotune.bench.arrivals import Arrivals, ClosedLoop, OpenLoop, TraceReplay
 from autotune.bench.client import Live, StreamClient
 from autotune.bench.health import LoopMonitor
 from autotune.bench.metrics import steady_output_throughput, summarize
+from autotune.bench.replay import held_schedule
 from autotune.bench.results import Measurement, RequestRecord
 from autotune.bench.tokens import load_tokenizer
 from autotune.bench.workloads import Prompt, TraceWorkload, Workload
@@ -191,6 +192,7 @@ async def _measure(client: StreamClient, arrivals: Arrivals, prompts: Iterator[P
     sim = client.sim_span  # on the simulator, the run's length in simulated seconds
     metrics = summarize(records, (sim[1] - sim[0]) if sim else t1 - t0, slo)
     desc = arrivals.describe()
+    health = held_schedule(health, metrics, str(desc.get("mode")))
     if desc.get("request_rate") is not None and not math.isinf(float(desc["request_rate"] or 0)):
         metrics["request_rate"] = float(desc["request_rate"] or 0)
     if desc.get("concurrency") is not None:

@@ -285,10 +285,10 @@ engine:
 gpus: [0]                     # device indices this study may use
 search_space: default         # search_spaces/default.yaml, or a path, or an inline mapping
 quality_opt_in: false         # or a list such as [kv_cache_dtype, quantization]: knobs that change output
-workload: {kind: random, input_len: 1024, output_len: 128}
+workload: {kind: random, input_len: 1024, output_len: 128}   # or {kind: trace, path: trace.jsonl} (autotune convert)
 slo: "ttft:p99<=1s"           # e.g. ttft:p95<=800ms,tpot:p99<=50ms
 objectives: [capacity_tps, p50_tpot_ms]
-load: {mode: capacity, search: concurrency, max_steps: 6, requests_per_step: 200, warmup: 16}
+load: {mode: capacity, search: concurrency, max_steps: 6, requests_per_step: 200, warmup: 16}   # search: rate; time_scale (trace)
 telemetry: {source: auto, hz: 10, headroom_margin: 0.05, require_headroom: false}
 budget: {n_trials: 30, timeout: 8h}
 # storage: sqlite:///studies/my-study.db   (default: sqlite:///studies/<name>.db)

@@ -217,7 +217,8 @@ async def find_capacity(base_url: str, model: str, workload: Workload, slo: SLO,
     if flattered and workload.kind == "random":
         notes.append("the prefix cache served random prompts at load " + ", ".join(f"{x:g}" for x in flattered)
                      + ": those steps' latencies are flattered")
-    if best is not None and best.measurement.load.get("num_requests", 0) < requests_per_step:
+    per_step = replay_requests(workload, requests_per_step, warmup) if trace_rate is not None else requests_per_step
+    if best is not None and best.measurement.load.get("num_requests", 0) < per_step:
         notes.append("capacity measured by the single-stream probe only")
     return CapacityResult(mode=search, capacity=lo[0] if lo else None, at_capacity=best.measurement if best else None,
                           steps=steps, cache_reset=cache_reset, note="; ".join(notes))

@@ -5,6 +5,7 @@ study on the vLLM CPU build replays it with capacity found by scaling the trace'
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import subprocess
 import sys
@@ -16,6 +17,7 @@ import yaml
 pytestmark = pytest.mark.e2e
 
 AUTOTUNE = [sys.executable, "-m", "autotune"]
+REPO = Path(__file__).resolve().parents[2]
 MARKER = "PLATYPUS-INTERNAL-5581"
 
 
@@ -64,7 +66,8 @@ def test_study_on_a_private_trace_with_capacity_by_rate_scaling(tmp_path: Path, 
     }
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(spec))
     run = subprocess.run([*AUTOTUNE, "run", "--study", str(tmp_path / "s.yaml"), "--n-trials", "1", "--no-progress"],
-                         capture_output=True, text=True, timeout=480, cwd=tmp_path)
+                         capture_output=True, text=True, timeout=480, cwd=tmp_path,   # servers inherit the cwd
+                         env={**os.environ, "PYTHONPATH": str(REPO)})
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert not servers_in(tmp_path, "vllm.entrypoints.openai.api_server")
 
@@ -73,7 +76,9 @@ def test_study_on_a_private_trace_with_capacity_by_rate_scaling(tmp_path: Path, 
         dump = "\n".join(conn.iterdump())
     cap = json.loads(capacity)
     assert state == "ok" and cap["mode"] == "time_scale" and cap["capacity"] > 0, cap
-    assert len(cap["steps"]) >= 2 and all(s["completed"] > 0 for s in cap["steps"])
+    loads = [s["load"] for s in cap["steps"]]
+    assert len(loads) >= 2 and all(s["completed"] > 0 for s in cap["steps"])
+    assert cap["capacity"] == max(s["load"] for s in cap["steps"] if s["slo_met"])   # x the trace's rate
     m = json.loads(metrics)
     assert m["completed"] == 22 and "p99_send_drift_ms" in m and m["request_rate"] > 0   # the trace after 2 warm-up
 

@@ -80,3 +80,29 @@ def test_trace_workload_window_and_keys(tmp_path: Path) -> None:
         parse_workload(f"trace:path={p},time_scale=0")
     with pytest.raises(UserError, match="window holds no request"):
         parse_workload(f"trace:path={p},start=50")
+
+
+def test_a_replay_behind_its_schedule_is_flagged_not_silent() -> None:
+    from autotune.bench.replay import held_schedule
+    from autotune.bench.results import ClientHealth
+
+    ok = ClientHealth(note="event-loop lag p50 0.3 ms")
+    late = {"p99_send_drift_ms": 30.0, "median_send_gap_ms": 50.0}
+    assert held_schedule(ok, {"p99_send_drift_ms": 20.0, "median_send_gap_ms": 50.0}, "trace") == ok
+    flagged = held_schedule(ok, late, "trace")
+    assert flagged.saturated and "fell behind the trace: p99 30.0 ms" in flagged.note and "lag" in flagged.note
+    assert held_schedule(ok, late, "rate") == ok            # a Poisson schedule has no recorded shape to keep
+    assert held_schedule(ok, {"p99_send_drift_ms": 8.0, "median_send_gap_ms": 0.0}, "trace") == ok   # 10 ms floor
+
+
+def test_capacity_by_time_scale_needs_a_trace_workload() -> None:
+    from autotune.spec import build_spec
+
+    with pytest.raises(UserError, match="time_scale scales a trace's rate"):
+        build_spec({"name": "x", "model": "m", "load": {"search": "time_scale"}}, "spec")
+    spec = build_spec({"name": "x", "model": "m", "workload": {"kind": "trace", "path": "t.jsonl"},
+                       "load": {"search": "time_scale"}}, "spec")
+    assert spec.load.search == "time_scale"
+    from autotune.bench.replay import replay_rate
+    with pytest.raises(UserError, match="needs a trace workload"):
+        replay_rate(parse_workload("random:input_len=8,output_len=8"))

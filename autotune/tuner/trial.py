@@ -143,11 +143,14 @@ class TrialRunner:
             return m, None
 
         def on_step(step: Any) -> None:
+            at = f"{load.search} {step.load:g}"
+            if load.search == "time_scale":   # [trace replay, issue 16] the load is the trace's speed-up
+                at = f"x{step.load:g} the trace's rate (time_scale {1 / step.load:.3g})"
             if step.measurement.aborted_early:
-                phase(f"capacity search: {load.search} {step.load:g} -> SLO clearly broken, step cut short")
+                phase(f"capacity search: {at} -> SLO clearly broken, step cut short")
                 return
             met = "meets SLO" if step.slo_met else "breaks SLO"
-            phase(f"capacity search: {load.search} {step.load:g} -> "
+            phase(f"capacity search: {at} -> "
                   f"{step.measurement.metrics.get('output_throughput', 0):.0f} tok/s, {met}")
 
         phase(f"capacity search by {load.search}")

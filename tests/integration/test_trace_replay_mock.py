@@ -130,3 +130,34 @@ async def test_bench_command_prints_the_profile_and_the_drift(tmp_path: Path) ->
     assert doc["workload_profile"]["requests"] == 24
     assert doc["workload_profile"]["arrivals"]["mean_rate"] == pytest.approx(23 / (2 * 0.6 + 7 * 0.05))
     assert all(r["scheduled_s"] is not None for r in doc["requests"])
+
+
+@pytest.mark.parametrize("fmt", ["openai", "sharegpt", "csv"])
+async def test_each_converted_format_replays(tmp_path: Path, fmt: str) -> None:
+    from autotune.bench.trace.command import main as convert
+    from autotune.bench.trace.format import read_trace
+
+    if fmt == "openai":
+        src = tmp_path / "log.jsonl"
+        src.write_text("".join(json.dumps({"timestamp": 100 + 0.05 * i, "request": {"messages": [
+            {"role": "user", "content": f"q {i}"}]}, "response": {"usage": {"prompt_tokens": 3,
+            "completion_tokens": 2 + i % 5}}}) + "\n" for i in range(12)))
+    elif fmt == "sharegpt":
+        src = tmp_path / "sg.jsonl"
+        src.write_text("".join(json.dumps({"conversations": [{"from": "human", "value": "a b c"},
+            {"from": "gpt", "value": "x " * (i + 2)}, {"from": "human", "value": "d e"},
+            {"from": "gpt", "value": "y"}]}) + "\n" for i in range(6)))
+    else:
+        src = tmp_path / "log.csv"
+        src.write_text("timestamp,input_tokens,output_tokens\n" + "".join(f"{0.04 * i},{5 + i},{1 + i % 4}\n"
+                                                                         for i in range(12)))
+    out = tmp_path / "trace.jsonl"
+    extra = ["--rate", "20", "--think", "0.02"] if fmt == "sharegpt" else []
+    assert convert([str(src), "-o", str(out), *extra]) == 0
+    _, recs = read_trace(out)
+    async with serve(build_app(MockConfig(mode="stream", itl_ms=1))) as url:
+        m = await run_load(url, "mock", parse_workload(f"trace:path={out}"), endpoint="chat")
+    assert m.metrics["completed"] == len(recs) == 12 and m.metrics["failed"] == 0
+    # each request asked for its recorded completion length, which the mock honours exactly
+    assert m.metrics["total_output_tokens"] == sum(r.output_tokens for r in recs)
+    assert "p99_send_drift_ms" in m.metrics

@@ -106,3 +106,20 @@ def test_capacity_by_time_scale_needs_a_trace_workload() -> None:
     from autotune.bench.replay import replay_rate
     with pytest.raises(UserError, match="needs a trace workload"):
         replay_rate(parse_workload("random:input_len=8,output_len=8"))
+
+
+def test_the_profile_is_stored_with_the_study_and_old_databases_have_none(tmp_path: Path) -> None:
+    import sqlite3
+
+    from autotune.store.repository import ResultStore
+
+    store = ResultStore(f"sqlite:///{tmp_path}/x.db")
+    rec = store.ensure_study(name="s", model="m", engine_kind="sim", engine_command=[], fixed_flags=[], space_hash="h",
+                             spec_hash="h", spec={}, objectives=[], slo="ttft=1s")
+    assert store.workload_profile(rec.id) is None
+    store.save_workload_profile(rec.id, {"requests": 3})
+    store.save_workload_profile(rec.id, {"requests": 4})
+    assert ResultStore(f"sqlite:///{tmp_path}/x.db", create=False).workload_profile(rec.id) == {"requests": 4}
+    with sqlite3.connect(tmp_path / "x.db") as conn:       # a database written before profiles existed
+        conn.execute("drop table autotune_workload_profiles")
+    assert ResultStore(f"sqlite:///{tmp_path}/x.db", create=False).workload_profile(rec.id) is None

@@ -16,10 +16,8 @@ from autotune.bench.trace.command import main as convert
 pytestmark = pytest.mark.vllm
 
 MARKER = "WOMBAT-CONFIDENTIAL-0923"
-# Half the trace's median gap between requests, for the reason given in test_trace_replay_mock.py: within
-# it no two requests swap places and a burst reaches the server as a burst. Here the server runs on the
-# same two cores as the client and takes them both while it generates, which is the hard case.
-DRIFT_BOUND_GAPS = 0.5
+# The bound (tests/conftest.py): p99 send error under half the trace's median gap (50 ms here). The
+# server runs on the same two cores as the client and takes them both while it generates: the hard case.
 
 
 def gateway_log(path: Path) -> Path:
@@ -38,14 +36,15 @@ def gateway_log(path: Path) -> Path:
     return path
 
 
-def test_bursty_trace_replays_on_schedule_and_keeps_text_private(vllm_server, tmp_path: Path) -> None:
+async def test_bursty_trace_replays_on_schedule_and_keeps_text_private(vllm_server, tmp_path: Path,
+                                                                       replay_on_schedule) -> None:
     trace, result = tmp_path / "trace.jsonl", tmp_path / "bench.json"
     assert convert([str(gateway_log(tmp_path / "log.jsonl")), "-o", str(trace), "--tokenizer", vllm_server.model,
                     "--lengths-only"]) == 0
-    # The client shares two cores with vLLM and the other work on this machine. A replay whose client the
-    # run itself reports starved (saturated: event-loop lag, or send times behind the trace) is not
-    # silent, and is measured once more; the bound must hold on a replay that was not starved.
-    for attempt in range(2):
+    # The client shares two cores with vLLM and the other work on this machine: replay_on_schedule
+    # (conftest) holds the bound on a replay the machine did not starve, and a replay beyond it flagged.
+
+    async def replay():
         proc = subprocess.run([sys.executable, "-m", "autotune", "bench", "--url", vllm_server.url, "--model",
                                vllm_server.model, "--endpoint", "chat", "--workload", f"trace:path={trace}",
                                "--slo", "ttft=30s", "--json", str(result)], capture_output=True, text=True,
@@ -57,12 +56,12 @@ def test_bursty_trace_replays_on_schedule_and_keeps_text_private(vllm_server, tm
         print(f"send drift on the CPU build: p50 {doc['median_send_drift_ms']:.2f} ms, p99 "
               f"{doc['p99_send_drift_ms']:.2f} ms, max {doc['max_send_drift_ms']:.2f} ms against 50 ms gaps; "
               f"client: {doc['client']}")
-        within = doc["p99_send_drift_ms"] < DRIFT_BOUND_GAPS * doc["median_send_gap_ms"]
-        assert within or doc["client"]["saturated"], doc["client"]      # never silently behind
-        if not doc["client"]["saturated"]:
-            break
-    assert within and not doc["client"]["saturated"], doc["client"]
-    assert "P99 send drift (ms):" in proc.stdout and "workload: 24 requests" in proc.stdout
-    assert doc["workload_profile"]["prefix_share_pct"] > 20      # the shared system prompt survived
-    for artefact in (trace.read_text(), result.read_text(), proc.stdout, proc.stderr):
-        assert MARKER not in artefact and "WOMBAT" not in artefact
+        assert "P99 send drift (ms):" in proc.stdout and "workload: 24 requests" in proc.stdout
+        assert doc["workload_profile"]["prefix_share_pct"] > 20      # the shared system prompt survived
+        for artefact in (result.read_text(), proc.stdout, proc.stderr):
+            assert MARKER not in artefact and "WOMBAT" not in artefact
+        return doc, doc["client"]
+
+    text = trace.read_text()
+    assert MARKER not in text and "WOMBAT" not in text
+    await replay_on_schedule(replay)

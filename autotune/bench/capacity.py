@@ -21,7 +21,7 @@ from typing import Any, Callable
 import aiohttp
 
 from autotune.bench.metrics import slo_margins
-from autotune.bench.replay import replay_rate, replay_requests
+from autotune.bench.replay import replay_cap_note, replay_rate, replay_requests, replay_upper
 from autotune.bench.results import CapacityResult, LoadStep, Measurement
 from autotune.bench.runner import run_load
 from autotune.bench.workloads import Workload
@@ -203,6 +203,9 @@ async def find_capacity(base_url: str, model: str, workload: Workload, slo: SLO,
 
     first = start if start is not None else 1.0
     await step(float(int(first)) if integer else first, probe=start is None)
+    if trace_rate is not None and upper is None:   # a trace sped up past "all at once" offers no more load
+        searcher.upper = replay_upper(workload, steps[0].measurement, replay_requests(workload, requests_per_step,
+                                                                                      warmup))
     while len(steps) < max_steps:
         nxt = searcher.next_load(final=len(steps) == max_steps - 1)
         if nxt is None:
@@ -211,6 +214,8 @@ async def find_capacity(base_url: str, model: str, workload: Workload, slo: SLO,
     lo, _ = searcher.bracket()
     best = _step_at(steps, lo[0]) if lo else None
     notes = []
+    if trace_rate is not None and lo is not None and lo[0] >= searcher.upper:
+        notes.append(replay_cap_note(lo[0]))
     if any(s.measurement.client.saturated for s in steps):
         notes.append("client saturated in a step: its latencies are not trusted")
     flattered = [s.load for s in steps if (s.measurement.metrics.get("prefix_cache_hit_pct") or 0.0) > 1.0]

@@ -4,13 +4,16 @@ search's rule "more load, more latency" holds (load 2 = time_scale 0.5 = twice t
 The single-stream probe gives requests per second; divided by the trace's recorded mean rate it is the
 speed-up the search starts from. A step replays the trace's window once (or `requests_per_step` of its
 requests, when fewer), after the warm-up requests: its bursts, lengths and conversations as recorded.
+A trace sped up until its step is one burst offers no more load however much faster it goes, so the
+search stops there (`replay_upper`) and reports a capacity "at least" that high.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
-from autotune.bench.results import ClientHealth
+from autotune.bench.results import ClientHealth, Measurement
 from autotune.bench.workloads import TraceWorkload, Workload
 from autotune.errors import UserError
 
@@ -33,6 +36,23 @@ def replay_requests(workload: Workload, per_step: int, warmup: int) -> int:
     when it is no longer than the warm-up), at most `per_step`."""
     size = getattr(workload, "size", per_step)
     return max(1, min(per_step, size - warmup if size > warmup else size))
+
+
+def replay_upper(workload: Workload, probe: Measurement, n: int) -> float:
+    """The highest speed-up worth measuring: where a step's `n` requests arrive within a quarter of one
+    request's time (the probe's median end-to-end latency). Faster than that the step is one burst of `n`
+    requests whatever the speed-up, so a server that serves that burst within the SLO would otherwise
+    let the search climb without end; capacity is then reported as "at least" this."""
+    e2el = probe.metrics.get("median_e2el_ms")
+    if not isinstance(workload, TraceWorkload) or not e2el or workload.size < 2:
+        return math.inf
+    span = (workload.records[-1].t - workload.records[0].t) * min(n, workload.size - 1) / (workload.size - 1)
+    return float(f"{4.0 * span / (e2el / 1000.0):.3g}") if span > 0 else math.inf
+
+
+def replay_cap_note(load: float) -> str:
+    return (f"the trace's window sent as one burst (x{load:g}) still met the SLO: capacity is at least that; "
+            "replay a longer window (more requests) to find it")
 
 
 def held_schedule(health: ClientHealth, metrics: dict[str, float], mode: str) -> ClientHealth:

@@ -156,3 +156,16 @@ async def test_each_converted_format_replays(tmp_path: Path, fmt: str) -> None:
     # each request asked for its recorded completion length, which the mock honours exactly
     assert m.metrics["total_output_tokens"] == sum(r.output_tokens for r in recs)
     assert "p99_send_drift_ms" in m.metrics
+
+
+async def test_a_trace_that_holds_even_as_one_burst_reports_capacity_as_a_lower_bound(tmp_path: Path) -> None:
+    # 10 requests over 0.9 s against a server that streams every request on its own (no queue): no
+    # speed-up breaks the SLO; past the speed-up where the step is one burst the search stops and says so
+    w = parse_workload(f"trace:path={bursty_trace(tmp_path / 't.jsonl', bursts=1, per_burst=10, gap_s=0.1)}")
+    async with serve(build_app(MockConfig(mode="stream", itl_ms=2))) as url:
+        r = await find_capacity(url, "mock", w, SLO.parse("ttft:p99<=5s"), search="time_scale", max_steps=8,
+                                requests_per_step=200, warmup=0)
+    probe_e2el = r.steps[0].measurement.metrics["median_e2el_ms"] / 1000
+    cap = float(f"{4 * 0.9 / probe_e2el:.3g}")                       # 10 requests within a quarter of one
+    assert r.capacity == cap and len(r.steps) < 8, [s.load for s in r.steps]
+    assert "capacity is at least that" in r.note

@@ -16,6 +16,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from autotune.bench.tokens import Tokenizer
+from autotune.bench.trace.fields import TokenCounter
 from autotune.bench.trace.prefix import BLOCK, shared_prefix_share
 from autotune.bench.workloads import Prompt
 
@@ -56,11 +57,21 @@ def describe(prompts: Sequence[Prompt], tokenizer: Tokenizer | None) -> dict[str
     if not prompts:
         return {"requests": 0}
 
-    def units(p: Prompt) -> list[Any]:
-        return list(tokenizer.encode(p.text)) if tokenizer is not None else p.text.split()
+    counter = TokenCounter(tokenizer)
+    roles: dict[str, int] = {}
+
+    def units(p: Prompt) -> list[int]:
+        """Token ids (words without a tokenizer); chat messages each encoded once, a separator before each."""
+        if not p.messages:
+            return list(counter.ids(p.text))
+        out: list[int] = []
+        for m in p.messages:
+            out.append(-1 - roles.setdefault(m["role"], len(roles)))
+            out += counter.ids(m["content"])
+        return out
 
     seqs = [units(p) for p in prompts]
-    n_in = [p.input_tokens if p.input_tokens else len(s) for p, s in zip(prompts, seqs)]
+    n_in = [p.input_tokens if p.input_tokens else sum(1 for u in s if u >= 0) for p, s in zip(prompts, seqs)]
     convs: dict[str, int] = {}
     for p in prompts:
         if p.conversation is not None:

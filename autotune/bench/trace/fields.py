@@ -44,15 +44,31 @@ def content_text(content: Any) -> str | None:
 
 
 class TokenCounter:
-    """The model's tokenizer when given; else about four characters a token, said in the trace header."""
+    """The model's tokenizer when given; else about four characters a token, said in the trace header.
+
+    Encodings are cached by text: in a multi-turn log every turn repeats the whole conversation so far,
+    and encoding each message once instead of once per later turn is most of a conversion's time."""
 
     def __init__(self, tokenizer: Tokenizer | None) -> None:
         self.tokenizer = tokenizer
         self.approximate = False
+        self._ids: dict[str, tuple[int, ...]] = {}
+        self._words: dict[str, int] = {}
+
+    def ids(self, text: str) -> tuple[int, ...]:
+        """The text's token ids; without a tokenizer, its whitespace-separated words as interned ids."""
+        out = self._ids.get(text)
+        if out is None:
+            if self.tokenizer is not None:
+                out = tuple(self.tokenizer.encode(text))
+            else:
+                out = tuple(self._words.setdefault(w, len(self._words)) for w in text.split())
+            self._ids[text] = out
+        return out
 
     def count(self, text: str) -> int:
         if self.tokenizer is not None:
-            return len(self.tokenizer.encode(text))
+            return len(self.ids(text))
         self.approximate = True
         return max(1, math.ceil(len(text) / CHARS_PER_TOKEN)) if text else 0
 

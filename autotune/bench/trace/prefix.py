@@ -7,7 +7,8 @@ then extended unit by unit against the one earlier request found.
 
 from __future__ import annotations
 
-from typing import Hashable, Sequence
+from array import array
+from typing import Sequence
 
 BLOCK = 16
 
@@ -16,10 +17,10 @@ class PrefixIndex:
     def __init__(self, block: int = BLOCK) -> None:
         self.block = block
         self._seen: dict[int, int] = {}            # chained hash of a block-aligned prefix -> request index
-        self._units: list[Sequence[Hashable]] = []
+        self._units: list[array] = []            # kept compact: 8 bytes a unit
 
-    def add(self, units: Sequence[Hashable]) -> tuple[int | None, int]:
-        """Index `units` (tokens, or tokens and message separators) as the next request; return the
+    def add(self, units: Sequence[int]) -> tuple[int | None, int]:
+        """Index `units` (token ids, and negative ids for message separators) as the next request; return the
         earlier request it shares the longest prefix with (None when none shares a whole block) and the
         length of that prefix in units."""
         b = self.block
@@ -38,13 +39,13 @@ class PrefixIndex:
             while matched < len(units) and matched < len(other) and units[matched] == other[matched]:
                 matched += 1
         index = len(self._units)
-        self._units.append(units)
+        self._units.append(array("q", units))
         for hk in hashes:
             self._seen.setdefault(hk, index)
         return best, matched
 
 
-def shared_prefix_share(sequences: Sequence[Sequence[Hashable]], block: int = BLOCK) -> float:
+def shared_prefix_share(sequences: Sequence[Sequence[int]], block: int = BLOCK) -> float:
     """Fraction of all units that repeat a prefix of an earlier sequence, counted in whole blocks (what
     a prefix cache of that block size could serve if it kept everything)."""
     index = PrefixIndex(block)

@@ -13,11 +13,10 @@ English words, about one token each.
 from __future__ import annotations
 
 import re
-from typing import Hashable
-
 import numpy as np
 
 from autotune.bench.tokens import Tokenizer
+from autotune.bench.trace.fields import TokenCounter
 from autotune.bench.trace.format import TraceRecord
 from autotune.bench.trace.prefix import PrefixIndex
 from autotune.bench.workloads._base import _WORDS
@@ -38,17 +37,15 @@ def single_token_words(tokenizer: Tokenizer | None) -> list[str]:
     return words
 
 
-def _units(r: TraceRecord, tokenizer: Tokenizer | None) -> list[Hashable]:
-    def toks(text: str) -> list[Hashable]:
-        return list(tokenizer.encode(text)) if tokenizer is not None else list(text.split())
-
-    if r.messages is not None:
-        out: list[Hashable] = []
-        for m in r.messages:
-            out.append(("\x00role", m["role"]))
-            out += toks(m["content"])
-        return out
-    return toks(r.prompt or "")
+def _units(r: TraceRecord, counter: TokenCounter, roles: dict[str, int]) -> list[int]:
+    """Token ids, and before each chat message a separator that names its role (a negative id)."""
+    if r.messages is None:
+        return list(counter.ids(r.prompt or ""))
+    out: list[int] = []
+    for m in r.messages:
+        out.append(-1 - roles.setdefault(m["role"], len(roles)))
+        out += counter.ids(m["content"])
+    return out
 
 
 def lengths_only(records: list[TraceRecord], tokenizer: Tokenizer | None, seed: int) -> list[TraceRecord]:
@@ -56,31 +53,37 @@ def lengths_only(records: list[TraceRecord], tokenizer: Tokenizer | None, seed: 
     words = single_token_words(tokenizer)
     rng = np.random.default_rng(seed)
     index = PrefixIndex()
-    made: list[list[Hashable]] = []
+    counter = TokenCounter(tokenizer)
+    roles: dict[str, int] = {}
+    made: list[list[int]] = []                 # per record: separators (< 0) and synthetic word indices
     for r in records:
         if r.prompt is None and r.messages is None:
             index.add([])
             made.append([])
             continue
-        units = _units(r, tokenizer)
+        units = _units(r, counter, roles)
         j, n = index.add(units)
-        synthetic = list(made[j][:n]) if j is not None else []
+        synthetic = made[j][:n] if j is not None else []
         fresh = rng.integers(0, len(words), len(units))
-        for k in range(len(synthetic), len(units)):
-            synthetic.append(units[k] if isinstance(units[k], tuple) else words[int(fresh[k])])
+        synthetic += [u if u < 0 else int(fresh[k]) for k, u in enumerate(units[len(synthetic):], len(synthetic))]
         made.append(synthetic)
-        _rebuild(r, synthetic)
+        _rebuild(r, synthetic, words, {v: k for k, v in roles.items()})
     return records
 
 
-def _rebuild(r: TraceRecord, synthetic: list[Hashable]) -> None:
+def _rebuild(r: TraceRecord, synthetic: list[int], words: list[str], role_of: dict[int, str]) -> None:
     if r.messages is None:
-        r.prompt = "".join(str(u) for u in synthetic)
+        r.prompt = "".join(words[u] for u in synthetic)
         return
     messages: list[dict[str, str]] = []
+    parts: list[str] = []
     for u in synthetic:
-        if isinstance(u, tuple):
-            messages.append({"role": str(u[1]), "content": ""})
+        if u < 0:
+            if messages:
+                messages[-1]["content"] = "".join(parts)
+            messages.append({"role": role_of[-1 - u], "content": ""})
+            parts = []
         else:
-            messages[-1]["content"] += str(u)
+            parts.append(words[u])
+    messages[-1]["content"] = "".join(parts)
     r.messages = messages

@@ -90,22 +90,24 @@ async def test_later_turns_follow_the_answer_plus_think_time(tmp_path: Path) -> 
 
 
 async def test_capacity_by_rate_scaling_finds_where_the_batch_slots_run_out(tmp_path: Path) -> None:
-    # evenly spaced requests every 100 ms, 20 tokens each; the batch model runs at most 4 at a time at
-    # 5 + 0.5 * 4 = 7 ms a step, 140 ms a request: at x times the recorded rate 1.4x requests are in flight,
-    # so beyond x = 4 / 1.4 = 2.86 new requests queue and most TTFTs break a 40 ms limit (p90: a few
-    # requests the loaded test machine delays by tens of ms must not decide it)
+    # evenly spaced requests every 200 ms, 10 tokens each; the batch model runs at most 4 at a time at
+    # 20 + 2 * 4 = 28 ms a step, 280 ms a request, so it serves one request per 70 ms: beyond x = 200 / 70 =
+    # 2.86 times the recorded rate a queue builds, by 200/x - 70 ms a request. TTFT is one step (~25 ms)
+    # below that; the median request (the 19th of 38) waits past a 150 ms limit from about x = 3.2. The
+    # median, and steps this slow, so that a few requests the loaded machine delays cannot decide it (and
+    # a step cut short by the abort has finished half its requests: its margin says how far it broke).
     path = tmp_path / "even.jsonl"
-    path.write_text("".join(json.dumps({"t": 0.1 * i, "output_tokens": 20, "input_tokens": 8}) + "\n"
-                            for i in range(60)))
+    path.write_text("".join(json.dumps({"t": 0.2 * i, "output_tokens": 10, "input_tokens": 8}) + "\n"
+                            for i in range(40)))
     w = parse_workload(f"trace:path={path}")
-    async with serve(build_app(MockConfig(mode="batch", step_ms=5, per_seq_ms=0.5, max_seqs=4))) as url:
-        r = await find_capacity(url, "mock", w, SLO.parse("ttft:p90<=40ms"), search="time_scale", max_steps=6,
+    async with serve(build_app(MockConfig(mode="batch", step_ms=20, per_seq_ms=2, max_seqs=4))) as url:
+        r = await find_capacity(url, "mock", w, SLO.parse("ttft:p50<=150ms"), search="time_scale", max_steps=6,
                                 requests_per_step=200, warmup=2)
     assert r.mode == "time_scale" and r.capacity is not None
-    assert 2.0 < r.capacity < 3.4, [(s.load, s.slo_met) for s in r.steps]
+    assert 2.3 < r.capacity < 3.6, [(s.load, s.slo_met) for s in r.steps]
     replayed = [s for s in r.steps[1:]]
     assert all(s.measurement.load["time_scale"] == pytest.approx(1 / s.load) for s in replayed)
-    assert all(s.measurement.load["num_requests"] == 58 for s in replayed)    # the trace once, after 2 warm-up
+    assert all(s.measurement.load["num_requests"] == 38 for s in replayed)    # the trace once, after 2 warm-up
     assert any(not s.slo_met for s in r.steps)
 
 

@@ -86,11 +86,6 @@ class LoadSpec(_Strict):
     num_requests: int = Field(64, ge=1)
     endpoint: Literal["completions", "chat"] = "completions"
 
-    @model_validator(mode="after")
-    def _fixed_needs_load(self) -> "LoadSpec":
-        if self.mode == "fixed" and self.concurrency is None and self.rate is None:
-            self.concurrency = 8
-        return self
 
 
 class TelemetrySpec(_Strict):
@@ -165,8 +160,13 @@ class StudySpec(_Strict):
         return v
 
     @model_validator(mode="after")
-    def _replay_needs_trace(self) -> "StudySpec":
-        if self.load.mode == "capacity" and self.load.search == "time_scale" and self.workload.get("kind") != "trace":
+    def _load_for_workload(self) -> "StudySpec":
+        """A fixed load with neither concurrency nor rate: a trace is replayed at its recorded times, any
+        other workload runs 8 in flight. Capacity by time_scale scales a trace's rate: it needs a trace."""
+        trace = self.workload.get("kind") == "trace"
+        if self.load.mode == "fixed" and self.load.concurrency is None and self.load.rate is None and not trace:
+            self.load.concurrency = 8
+        if self.load.mode == "capacity" and self.load.search == "time_scale" and not trace:
             raise ValueError("load.search time_scale scales a trace's rate: it needs workload kind trace")
         return self
 

@@ -136,7 +136,8 @@ class TrialRunner:
         load = self.spec.load
         model = self.spec.model
         if load.mode == "fixed":
-            phase(f"load: {'concurrency ' + str(load.concurrency) if load.concurrency else f'rate {load.rate}/s'}")
+            phase("load: " + (f"concurrency {load.concurrency}" if load.concurrency else f"rate {load.rate}/s"
+                              if load.rate else "the trace at its recorded times"))
             m = asyncio.run(run_load(url, model, self.workload, concurrency=load.concurrency, rate=load.rate,
                                      num_requests=load.num_requests, warmup=load.warmup, slo=self.slo,
                                      seed=self.spec.seed, endpoint=load.endpoint, tokenizer=self.tokenizer))

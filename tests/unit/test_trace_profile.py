@@ -103,6 +103,11 @@ def test_capacity_by_time_scale_needs_a_trace_workload() -> None:
     spec = build_spec({"name": "x", "model": "m", "workload": {"kind": "trace", "path": "t.jsonl"},
                        "load": {"search": "time_scale"}}, "spec")
     assert spec.load.search == "time_scale"
+    # a fixed load without concurrency or rate: a trace replays at its times, anything else runs 8 in flight
+    fixed = build_spec({"name": "x", "model": "m", "workload": {"kind": "trace", "path": "t.jsonl"},
+                        "load": {"mode": "fixed"}}, "spec").load
+    assert fixed.concurrency is None and fixed.rate is None
+    assert build_spec({"name": "x", "model": "m", "load": {"mode": "fixed"}}, "spec").load.concurrency == 8
     from autotune.bench.replay import replay_rate
     with pytest.raises(UserError, match="needs a trace workload"):
         replay_rate(parse_workload("random:input_len=8,output_len=8"))

@@ -16,6 +16,7 @@ from autotune.errors import UserError
 # command -> "module:function" taking argv (list[str]) and returning an exit code
 _DELEGATED: dict[str, str] = {
     "bench": "autotune.bench.command:main",
+    "convert": "autotune.bench.trace.command:main",
     "sim-serve": "autotune.sim.command:serve_main",
     "estimate": "autotune.sim.command:estimate_main",
     "daemon": "autotune.daemon.command:daemon_main",

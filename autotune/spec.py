@@ -78,7 +78,7 @@ def _cpu_build_here() -> bool:
 
 class LoadSpec(_Strict):
     mode: Literal["capacity", "fixed"] = "capacity"
-    search: Literal["concurrency", "rate"] = "concurrency"
+    search: Literal["concurrency", "rate", "time_scale"] = "concurrency"   # time_scale: a trace's speed-up
     max_steps: int = Field(6, ge=1, le=20)
     requests_per_step: int = Field(200, ge=4)
     warmup: int = Field(16, ge=0)
@@ -94,11 +94,6 @@ class LoadSpec(_Strict):
     # A request that receives no byte for this long fails (a server that stops answering mid-stream).
     stall_timeout_s: float = Field(300.0, gt=0)
 
-    @model_validator(mode="after")
-    def _fixed_needs_load(self) -> "LoadSpec":
-        if self.mode == "fixed" and self.concurrency is None and self.rate is None:
-            self.concurrency = 8
-        return self
 
 
 class ConfirmSpec(_Strict):
@@ -201,8 +196,19 @@ class StudySpec(_Strict):
     @classmethod
     def _workload(cls, v: dict[str, Any]) -> dict[str, Any]:
         if "kind" not in v:
-            raise ValueError("workload: needs 'kind' (random, jsonl, prefix)")
+            raise ValueError("workload: needs 'kind' (random, jsonl, prefix, trace)")
         return v
+
+    @model_validator(mode="after")
+    def _load_for_workload(self) -> "StudySpec":
+        """A fixed load with neither concurrency nor rate: a trace is replayed at its recorded times, any
+        other workload runs 8 in flight. Capacity by time_scale scales a trace's rate: it needs a trace."""
+        trace = self.workload.get("kind") == "trace"
+        if self.load.mode == "fixed" and self.load.concurrency is None and self.load.rate is None and not trace:
+            self.load.concurrency = 8
+        if self.load.mode == "capacity" and self.load.search == "time_scale" and not trace:
+            raise ValueError("load.search time_scale scales a trace's rate: it needs workload kind trace")
+        return self
 
     @property
     def slo_obj(self) -> SLO:
@@ -337,10 +343,10 @@ engine:
 gpus: [0]                     # device indices this study may use
 search_space: default         # search_spaces/default.yaml, or a path, or an inline mapping
 quality_opt_in: false         # or a list such as [kv_cache_dtype, quantization]: knobs that change output
-workload: {kind: random, input_len: 1024, output_len: 128}
+workload: {kind: random, input_len: 1024, output_len: 128}   # or {kind: trace, path: trace.jsonl} (autotune convert)
 slo: "ttft:p99<=1s"           # e.g. ttft:p95<=800ms,tpot:p99<=50ms
 objectives: [capacity_tps, p50_tpot_ms]
-load: {mode: capacity, search: concurrency, max_steps: 6, requests_per_step: 200, warmup: 16,
+load: {mode: capacity, search: concurrency, max_steps: 6, requests_per_step: 200, warmup: 16,   # search: rate; time_scale (trace)
        stall_timeout_s: 300}     # a request that gets no byte for that long fails (a hung server)
 telemetry: {source: auto, hz: 10, headroom_margin: 0.05, require_headroom: false}
 budget: {n_trials: 30, timeout: 8h}

@@ -215,3 +215,34 @@ def taken_port_first(monkeypatch: pytest.MonkeyPatch) -> Iterator[TakenPort]:
         yield taken
     finally:
         holder.close()
+
+
+# Trace replays (issue 16): the send-time bound is half the trace's median gap between requests; within
+# it no two requests swap places and a burst reaches the server as a burst.
+DRIFT_BOUND_GAPS = 0.5
+LOOP_STARVED_MS = 20.0    # autotune.bench.health's own limit on the event loop's p99 lag
+
+
+async def _replay_on_schedule(replay, attempts: int = 3):
+    """Run `replay()` (async, returning (metrics, client health as a dict)) until one replay holds the
+    send-time bound; returns that one. This 2-core machine is shared, and at times does not run the
+    test process for tens of ms: a replay beyond the bound must then say so (client saturated, "fell
+    behind the trace"), never pass silently, and is run again. When every replay was beyond it and the
+    client's own event-loop monitor saw the process starved each time, the bound cannot be judged now
+    (skip, with the numbers); beyond it with the loop keeping time is a failure."""
+    seen: list[tuple[float, float]] = []      # (p99 drift, event-loop lag p99) of each replay beyond the bound
+    for _ in range(attempts):
+        metrics, client = await replay()
+        if metrics["p99_send_drift_ms"] < DRIFT_BOUND_GAPS * metrics["median_send_gap_ms"]:
+            return metrics, client
+        assert client["saturated"] and "fell behind the trace" in client["note"], (metrics, client)
+        seen.append((metrics["p99_send_drift_ms"], client["loop_lag_p99_ms"] or 0.0))
+    said = "; ".join(f"p99 drift {d:.1f} ms with event-loop lag p99 {lag:.1f} ms" for d, lag in seen)
+    if all(lag > LOOP_STARVED_MS for _, lag in seen):
+        pytest.skip(f"the machine starved the client in every replay (each flagged): {said}")
+    pytest.fail(f"replays fell behind the trace while the client's loop kept time: {said}")
+
+
+@pytest.fixture()
+def replay_on_schedule():
+    return _replay_on_schedule

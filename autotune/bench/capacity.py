@@ -29,7 +29,8 @@ import aiohttp
 
 from autotune.bench import measurement_flags as mflags
 from autotune.bench.metrics import slo_margins
-from autotune.bench.results import CapacityResult, LoadStep, Measurement
+from autotune.bench.replay import replay_cap_note, replay_rate, replay_requests, replay_upper
+from autotune.bench.results import CapacityResult, LoadStep, Measurement, RequestRecord
 from autotune.bench.runner import run_load
 from autotune.bench.workloads import Workload
 from autotune.errors import UserError
@@ -49,10 +50,18 @@ DEFAULT_REFINE_STEPS = 2   # extra steps a wide bracket may spend before the tri
 
 
 def relative_margin(step: LoadStep, slo: SLO) -> float:
-    """Worst term's measured / limit - 1 (<= 0 where met), from the step's own records."""
-    margins = slo_margins(step.measurement.records, slo)
+    """Worst term's measured / limit - 1 (<= 0 where met), from the step's own records. The requests an
+    early abort cut off in flight count as failed: they did not finish in time, and without them an
+    open-loop step cut short keeps only its first, fastest requests and its margin reads as barely broken
+    (seen replaying a trace: the next load then landed next to the failing one, step after step)."""
+    cut = int(step.measurement.load.get("cancelled") or 0)
+    margins = slo_margins(list(step.measurement.records) + [_CUT] * cut, slo)
     limits = {t.key: t.limit_ms for t in slo.terms}
     return min(MARGIN_CAP, max(margins[k] / limits[k] for k in margins))
+
+
+_CUT = RequestRecord(start_s=0.0, ttft_ms=None, e2el_ms=None, itl_ms=[], input_tokens=0, output_tokens=0, ok=False,
+                     error="cut off by an early abort")
 
 
 async def reset_prefix_cache(base_url: str, wait_s: float = RESET_WAIT_S) -> bool:
@@ -181,12 +190,14 @@ async def find_capacity(base_url: str, model: str, workload: Workload, slo: SLO,
                         refine_steps: int = DEFAULT_REFINE_STEPS, stall_timeout_s: float | None = None,
                         api_key: str | None = None,
                         should_stop: Callable[[list[LoadStep]], bool] | None = None) -> CapacityResult:
-    """Highest concurrency (`search="concurrency"`, closed loop) or request rate (`"rate"`, Poisson) at
-    which every term of `slo` holds, within `max_steps` load steps (the probe counts as one) plus up to
+    """Highest concurrency (`search="concurrency"`, closed loop), request rate (`"rate"`, Poisson) or
+    trace speed-up (`"time_scale"`: a trace replayed at its recorded times divided by the load) at which
+    every term of `slo` holds, within `max_steps` load steps (the probe counts as one) plus up to
     `refine_steps` while the bracket is wider than `max_bracket`.
     `should_stop(steps)`, asked before each further step, ends the search early (tuner/earlystop.py)."""
-    if search not in ("concurrency", "rate"):
-        raise UserError(f"capacity search is by 'concurrency' or 'rate', not {search!r}")
+    if search not in ("concurrency", "rate", "time_scale"):
+        raise UserError(f"capacity search is by 'concurrency', 'rate' or 'time_scale', not {search!r}")
+    trace_rate = replay_rate(workload) if search == "time_scale" else None   # replay.py (trace replay)
     if max_steps < 2:
         raise UserError("a capacity search needs max_steps >= 2")
     if requests_per_step < 1:
@@ -208,11 +219,14 @@ async def find_capacity(base_url: str, model: str, workload: Workload, slo: SLO,
         if probe or integer:
             m = await run_load(base_url, model, workload, concurrency=int(load), num_requests=n, settle=settle,
                                warmup=min(warmup, 4) if probe else warmup, seed=seed_i, **common)
+        elif trace_rate is not None:   # trace replay: the step replays the trace `load` times as fast
+            m = await run_load(base_url, model, workload, time_scale=1.0 / load, warmup=warmup, seed=seed_i,
+                               num_requests=replay_requests(workload, n, warmup), **common)
         else:
             m = await run_load(base_url, model, workload, rate=load, num_requests=n, warmup=warmup, seed=seed_i,
                                **common)
         if probe and start is None and not integer:
-            load = float(f"{m.metrics['request_throughput']:.3g}")   # the single stream's own rate
+            load = float(f"{m.metrics['request_throughput'] / (trace_rate or 1.0):.3g}")   # the single stream's own rate
         s = LoadStep(load=load, measurement=m, slo_met=False)
         margin = relative_margin(s, slo)
         s.slo_met = margin <= 0 and not m.aborted_early
@@ -224,6 +238,9 @@ async def find_capacity(base_url: str, model: str, workload: Workload, slo: SLO,
 
     first = start if start is not None else 1.0
     await step(float(int(first)) if integer else first, probe=start is None)
+    if trace_rate is not None and upper is None:   # a trace sped up past "all at once" offers no more load
+        searcher.upper = replay_upper(workload, steps[0].measurement, replay_requests(workload, requests_per_step,
+                                                                                      warmup))
     while len(steps) < max_steps:
         nxt = searcher.next_load(final=len(steps) == max_steps - 1)
         if nxt is None:
@@ -241,6 +258,8 @@ async def find_capacity(base_url: str, model: str, workload: Workload, slo: SLO,
     lo, hi = searcher.bracket()
     best = _step_at(steps, lo[0]) if lo else None
     notes, flags = [], []
+    if trace_rate is not None and lo is not None and lo[0] >= searcher.upper:
+        notes.append(replay_cap_note(lo[0]))
     if any(s.measurement.client.saturated for s in steps):
         notes.append("client saturated in a step: its latencies are not trusted")
         flags.append(mflags.CLIENT_SATURATED)
@@ -254,7 +273,8 @@ async def find_capacity(base_url: str, model: str, workload: Workload, slo: SLO,
         flags.append(mflags.WIDE_BRACKET)
         notes.append(f"wide bracket: met at {lo[0]:g}, " + (f"broke at {hi[0]:g}" if hi else "never broke")
                      + f" (wider than {max_bracket:.0%} after {refined} extra step(s)): the capacity is a lower bound")
-    if best is not None and best.measurement.load.get("num_requests", 0) < requests_per_step:
+    per_step = replay_requests(workload, requests_per_step, warmup) if trace_rate is not None else requests_per_step
+    if best is not None and best.measurement.load.get("num_requests", 0) < per_step:
         notes.append("capacity measured by the single-stream probe only")
     return CapacityResult(mode=search, capacity=lo[0] if lo else None, at_capacity=best.measurement if best else None,
                           steps=steps, cache_reset=cache_reset, note="; ".join(notes),

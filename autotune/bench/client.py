@@ -84,14 +84,20 @@ class StreamClient:
         body: dict[str, Any] = {"model": self.model, "stream": True, "ignore_eos": True,
                                 "stream_options": {"include_usage": True}}
         if self.endpoint == "chat":
-            body["messages"] = [{"role": "user", "content": prompt.text}]
+            body["messages"] = list(prompt.messages) if prompt.messages else [{"role": "user", "content": prompt.text}]
             body["max_completion_tokens"] = prompt.output_len
         else:
             body["prompt"] = prompt.text
             body["max_tokens"] = prompt.output_len
         return json.dumps(body).encode()
 
-    async def request(self, prompt: Prompt, live: Live | None = None) -> RequestRecord:
+    async def request(self, prompt: Prompt, live: Live | None = None, scheduled: float | None = None) -> RequestRecord:
+        """`scheduled`: when an open loop meant this request to go out; kept beside the actual start."""
+        rec = await self._request(prompt, live)
+        rec.scheduled_s = scheduled
+        return rec
+
+    async def _request(self, prompt: Prompt, live: Live | None) -> RequestRecord:
         body = self.payload(prompt)
         chat = self.endpoint == "chat"
         loads, perf = json.loads, time.perf_counter

@@ -14,8 +14,10 @@ from urllib.parse import urlparse
 
 from autotune.bench import measurement_flags as mflags
 from autotune.bench.capacity import find_capacity, reset_prefix_cache
+from autotune.bench.profile import describe, format_profile
 from autotune.bench.report import format_capacity, format_measurement, write_json
 from autotune.bench.runner import run_load
+from autotune.bench.tokens import load_tokenizer
 from autotune.bench.workloads import parse_workload
 from autotune.cli import OneLineParser
 from autotune.errors import UserError
@@ -40,7 +42,9 @@ def build_parser() -> OneLineParser:
     p.add_argument("--endpoint", choices=["completions", "chat"], default="completions")
     p.add_argument("--workload", default="random:input_len=128,output_len=64",
                    help="random:input_len=N,output_len=N[,range_ratio=R] | jsonl:path=FILE | "
-                        "prefix:prefix_len=K,suffix_len=S,output_len=O")
+                        "prefix:prefix_len=K,suffix_len=S,output_len=O | "
+                        "trace:path=FILE[,time_scale=X][,start=S][,duration=D] (replayed at its recorded times "
+                        "when no --concurrency/--rate is given)")
     p.add_argument("--concurrency", type=int, help="requests in flight (closed loop; with --rate: a cap)")
     p.add_argument("--rate", help="requests per second, open loop (Poisson; 'inf' sends all at once)")
     p.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of arrivals: 1 Poisson, <1 bursty")
@@ -52,7 +56,8 @@ def build_parser() -> OneLineParser:
     p.add_argument("--tokenizer", help="tokenizer directory or tokenizer.json (default: the model's, if local)")
     p.add_argument("--timeout", type=float, default=600, help="per-request timeout in seconds")
     p.add_argument("--json", metavar="FILE", help="write the result (and per-request records) as JSON")
-    p.add_argument("--capacity", choices=["concurrency", "rate"], help="search the highest load meeting --slo")
+    p.add_argument("--capacity", choices=["concurrency", "rate", "time_scale"],
+                   help="search the highest load meeting --slo (time_scale: a trace's speed-up)")
     p.add_argument("--max-steps", type=int, default=6, help="capacity search: most load steps")
     p.add_argument("--requests-per-step", type=int, default=200, help="capacity search: requests per step")
     p.add_argument("--upper", type=float, help="capacity search: highest load to try")
@@ -78,6 +83,9 @@ def _run(args) -> int:  # type: ignore[no-untyped-def]
     rate = None if args.rate is None else _positive_float(args.rate)
     if args.num_requests is not None and args.duration is not None:
         raise UserError("give --num-requests or --duration, not both")
+    tok = load_tokenizer(args.tokenizer, args.model)
+    profile = describe(workload.one_pass(tok), tok)
+    print(format_profile(profile), flush=True)
     if args.capacity:
         if slo is None:
             raise UserError("--capacity needs --slo: capacity is the highest load meeting it")
@@ -89,9 +97,9 @@ def _run(args) -> int:  # type: ignore[no-untyped-def]
                 f"step: load {s.load:g} -> {'met' if s.slo_met else 'broke'} the SLO", flush=True)))
         print(format_capacity(result))
         if args.json:
-            write_json(args.json, result.to_json(with_records=True))
+            write_json(args.json, {**result.to_json(with_records=True), "workload_profile": profile})
         return 0
-    if args.concurrency is None and rate is None:
+    if args.concurrency is None and rate is None and workload.kind != "trace":
         raise UserError("give a load: --concurrency N (closed loop) or --rate R (open loop)")
     # Two runs with the same seed replay the same prompts: without a reset the second one's TTFT is a
     # cache hit, not a prefill. vLLM resets only in dev mode (VLLM_SERVER_DEV_MODE=1); elsewhere the
@@ -110,8 +118,8 @@ def _run(args) -> int:  # type: ignore[no-untyped-def]
     if args.json:
         out = m.to_json(with_records=True)
         out.update({"model_id": args.model, "backend": "openai", "endpoint_type": args.endpoint,
-                    "request_rate": rate if rate is not None else math.inf, "burstiness": args.burstiness,
+                    "request_rate": rate if rate is not None else m.load.get("request_rate") or math.inf, "burstiness": args.burstiness,
                     "max_concurrency": args.concurrency, "num_prompts": args.num_requests,
-                    "slo": str(slo) if slo else None})
+                    "slo": str(slo) if slo else None, "workload_profile": profile})
         write_json(args.json, out)
     return 0

@@ -94,10 +94,28 @@ def summarize(records: Sequence[RequestRecord], duration_s: float, slo: SLO | No
     out.update(distribution([t for r in ok if (t := r.tpot_ms) is not None], "tpot"))
     out.update(distribution([x for r in ok for x in r.itl_ms], "itl"))
     out.update(distribution([r.e2el_ms for r in ok if r.e2el_ms is not None], "e2el"))
+    out.update(send_drift(records))
     if slo is not None:
         good = sum(1 for r in ok if slo.request_ok(r.ttft_ms, r.tpot_ms, r.e2el_ms, r.itl_ms))
         out["goodput"] = out["request_goodput"] = good / dur
         out["slo_attainment_pct"] = 100.0 * good / len(records) if records else 0.0
+    return out
+
+
+def send_drift(records: Sequence[RequestRecord]) -> dict[str, float]:
+    """How far actual send times were from the open-loop schedule (absolute; every request, failed ones too: the
+    client's lateness is not the server's), and the schedule's median gap between consecutive requests,
+    the scale the drift must be small against. Empty for a closed loop, which has no schedule."""
+    timed = [r for r in records if r.scheduled_s is not None]
+    if not timed:
+        return {}
+    lag = [abs(r.start_s - r.scheduled_s) * 1000.0 for r in timed]   # type: ignore[operator]
+    d = distribution(lag, "send_drift")
+    out = {k: d[k] for k in ("mean_send_drift_ms", "median_send_drift_ms", "p99_send_drift_ms")}
+    out["max_send_drift_ms"] = max(lag)
+    due = np.sort(np.asarray([r.scheduled_s for r in timed], dtype=float))
+    if len(due) > 1:
+        out["median_send_gap_ms"] = float(np.median(np.diff(due))) * 1000.0
     return out
 
 

@@ -29,6 +29,8 @@ def format_measurement(m: Measurement, title: str = "Serving Benchmark Result") 
         lines.append(_row("Maximum request concurrency:", m.load["concurrency"]))
     if m.load.get("request_rate") is not None:
         lines.append(_row("Request rate (req/s):", float(m.load["request_rate"])))
+    if m.load.get("time_scale") is not None:
+        lines.append(_row("Trace replay time scale:", float(m.load["time_scale"])))
     lines += [_row("Benchmark duration (s):", x["duration"]),
               _row("Total input tokens:", int(x["total_input_tokens"])),
               _row("Total generated tokens:", int(x["total_output_tokens"])),
@@ -49,6 +51,13 @@ def format_measurement(m: Measurement, title: str = "Serving Benchmark Result") 
         lines += [_row(f"Mean {key.upper()} (ms):", x[f"mean_{key}_ms"]),
                   _row(f"Median {key.upper()} (ms):", x[f"median_{key}_ms"])]
         lines += [_row(f"P{p:g} {key.upper()} (ms):", x[f"p{p:g}_{key}_ms"]) for p in PERCENTILES]
+    if "p99_send_drift_ms" in x:
+        lines.append(f"{'Send Time Drift (vs schedule)':-^50}")
+        lines += [_row("Median send drift (ms):", x["median_send_drift_ms"]),
+                  _row("P99 send drift (ms):", x["p99_send_drift_ms"]),
+                  _row("Max send drift (ms):", x["max_send_drift_ms"])]
+        if "median_send_gap_ms" in x:
+            lines.append(_row("Median scheduled gap (ms):", x["median_send_gap_ms"]))
     lines.append("=" * 50)
     if m.aborted_early:
         lines.append(f"aborted early: {m.load.get('abort_reason')}")
@@ -69,13 +78,16 @@ def format_measurement(m: Measurement, title: str = "Serving Benchmark Result") 
 
 def format_capacity(r: CapacityResult) -> str:
     lines = [f"{' Capacity under SLO (' + r.mode + ') ':=^50}"]
+    unit = "x the trace's rate" if r.mode == "time_scale" else ""
     for i, s in enumerate(r.steps, 1):
         x = s.measurement.metrics
-        lines.append(f"step {i}: load {s.load:g}  {'met ' if s.slo_met else 'BROKE'}  "
+        lines.append(f"step {i}: load {s.load:g}{unit and ' (x)'}  {'met ' if s.slo_met else 'BROKE'}  "
                      f"out {x.get('output_throughput', 0):.1f} tok/s  "
                      f"p50 TTFT {x.get('median_ttft_ms', math.nan):.1f} ms  p50 TPOT {x.get('median_tpot_ms', math.nan):.2f} ms"
                      + ("  (aborted early)" if s.measurement.aborted_early else ""))
-    lines.append(_row("Capacity:", "none (SLO broken at the lowest load)" if r.capacity is None else f"{r.capacity:g}"))
+    lines.append(_row("Capacity:", "none (SLO broken at the lowest load)" if r.capacity is None else
+                      f"{r.capacity:g} {unit}".strip()
+                      + (f" (time_scale {1 / r.capacity:.3g})" if unit and r.capacity else "")))
     lo, hi = r.bracket
     if lo is not None:
         lines.append(_row("Bracket (met .. broke):", f"{lo:g} .. {'-' if hi is None else f'{hi:g}'}"))

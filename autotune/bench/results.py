@@ -3,7 +3,10 @@
 `std_ttft_ms`, `p90_ttft_ms`, `p95_ttft_ms`, `p99_ttft_ms`, `p99.9_ttft_ms`, likewise for tpot, itl and
 e2el, `completed`, `failed`, `total_input_tokens`, `total_output_tokens`, `duration`,
 `max_concurrent_requests`) plus autotune's own `goodput` (req/s meeting every SLO term),
-`slo_attainment_pct`, `request_rate` (offered) and `concurrency` (offered)."""
+`slo_attainment_pct`, `request_rate` (offered) and `concurrency` (offered); open loops add the send-time
+drift (`mean_send_drift_ms`, `median_send_drift_ms`, `p99_send_drift_ms`, `max_send_drift_ms`: how late
+requests went out against their schedule) and `median_send_gap_ms` (the schedule's median gap between
+consecutive requests, to judge the drift against)."""
 
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ class RequestRecord:
     output_tokens: int
     ok: bool
     error: str | None = None
+    scheduled_s: float | None = None   # open loop: when the request was due (same clock as start_s)
 
     @property
     def tpot_ms(self) -> float | None:

@@ -15,13 +15,14 @@ from typing import Iterator
 import aiohttp
 
 from autotune.bench.abort import EarlyAbort
-from autotune.bench.arrivals import Arrivals, ClosedLoop, OpenLoop
+from autotune.bench.arrivals import Arrivals, ClosedLoop, OpenLoop, TraceReplay
 from autotune.bench.client import Live, StreamClient
 from autotune.bench.health import LoopMonitor
 from autotune.bench.metrics import steady_output_throughput, summarize
+from autotune.bench.replay import held_schedule
 from autotune.bench.results import Measurement, RequestRecord
 from autotune.bench.tokens import load_tokenizer
-from autotune.bench.workloads import Prompt, Workload
+from autotune.bench.workloads import Prompt, TraceWorkload, Workload
 from autotune.errors import UserError
 from autotune.slo import SLO
 from autotune.telemetry.metrics import VllmReading
@@ -31,7 +32,11 @@ ABORT_POLL_S = 0.05   # how often in-flight requests are checked against TTFT/E2
 
 
 def _arrivals(concurrency: int | None, rate: float | None, burstiness: float, seed: int,
-              num_requests: int | None) -> Arrivals:
+              num_requests: int | None, time_scale: float | None = None) -> Arrivals:
+    if time_scale is not None:
+        if concurrency is not None or rate is not None:
+            raise UserError("a trace replay sends at the trace's times: give no concurrency or rate with it")
+        return TraceReplay(time_scale)
     if concurrency is not None and concurrency < 1:
         raise UserError(f"concurrency must be >= 1, got {concurrency}")
     if rate is not None and not rate > 0:
@@ -61,10 +66,12 @@ async def run_load(base_url: str, model: str, workload: Workload, *, concurrency
                    duration_s: float | None = None, warmup: int = 0, slo: SLO | None = None, seed: int = 0,
                    endpoint: str = "completions", tokenizer: str | None = None, timeout_s: float = 600,
                    abort_on_slo: bool = False, settle: int = 0,
-                   stall_timeout_s: float | None = None, api_key: str | None = None) -> Measurement:
+                   stall_timeout_s: float | None = None, api_key: str | None = None,
+                   time_scale: float | None = None) -> Measurement:
     """Measure one load level. `concurrency` alone: closed loop; `rate` (req/s, may be inf): open loop,
-    Poisson or gamma by `burstiness`, capped at `concurrency` if both are given. Bounded by
-    `num_requests` (default 200) or `duration_s`. `abort_on_slo` ends the run once `slo` is clearly lost
+    Poisson or gamma by `burstiness`, capped at `concurrency` if both are given; `time_scale` (or a trace
+    workload with neither): the trace's recorded times, scaled. Bounded by `num_requests` (default 200; a
+    trace: its window once) or `duration_s`. `abort_on_slo` ends the run once `slo` is clearly lost
     (capacity search); in-flight requests are then cancelled and not counted.
 
     `settle` requests are sent first under the same load but kept out of the figures: a closed loop's
@@ -79,9 +86,13 @@ async def run_load(base_url: str, model: str, workload: Workload, *, concurrency
         raise UserError(f"warmup must be >= 0, got {warmup}")
     if settle < 0:
         raise UserError(f"settle must be >= 0, got {settle}")
+    replay = isinstance(workload, TraceWorkload) and concurrency is None and rate is None
+    if replay and time_scale is None:
+        time_scale = workload.time_scale   # type: ignore[attr-defined]
     if num_requests is None and duration_s is None:
-        num_requests = DEFAULT_NUM_REQUESTS
-    arrivals = _arrivals(concurrency, rate, burstiness, seed, num_requests + settle if num_requests else None)
+        num_requests = workload.size if replay else DEFAULT_NUM_REQUESTS   # type: ignore[attr-defined]
+    arrivals = _arrivals(concurrency, rate, burstiness, seed, num_requests + settle if num_requests else None,
+                         time_scale)
     tok = load_tokenizer(tokenizer, model)
     stream = workload.iter_prompts(seed, tok)
     warm = list(islice(stream, warmup))
@@ -93,7 +104,7 @@ async def run_load(base_url: str, model: str, workload: Workload, *, concurrency
         if warm:
             warm_sink: list[RequestRecord] = []
 
-            async def send_warm(p: Prompt) -> None:
+            async def send_warm(p: Prompt, scheduled: float | None = None) -> None:
                 warm_sink.append(await client.request(p))
 
             await ClosedLoop(min(len(warm), concurrency or len(warm))).drive(
@@ -153,7 +164,7 @@ async def _measure(client: StreamClient, arrivals: Arrivals, prompts: Iterator[P
                 reason.append(why)
                 stop.set()
 
-    async def send(p: Prompt) -> None:
+    async def send(p: Prompt, scheduled: float | None = None) -> None:
         slot = Live(time.perf_counter())
         dispatched[0] += 1
         if dispatched[0] <= settle:       # the first wave: sent under load, summarized apart
@@ -162,7 +173,7 @@ async def _measure(client: StreamClient, arrivals: Arrivals, prompts: Iterator[P
         key = id(slot)
         live[key] = slot
         try:
-            records.append(await client.request(p, slot))
+            records.append(await client.request(p, slot, scheduled))
         finally:
             live.pop(key, None)
         judge()
@@ -203,6 +214,7 @@ async def _measure(client: StreamClient, arrivals: Arrivals, prompts: Iterator[P
         duration = t1 - t_count
     metrics = summarize(records, duration, slo)
     desc = arrivals.describe()
+    health = held_schedule(health, metrics, str(desc.get("mode")))
     if desc.get("request_rate") is not None and not math.isinf(float(desc["request_rate"] or 0)):
         metrics["request_rate"] = float(desc["request_rate"] or 0)
     if desc.get("concurrency") is not None:

@@ -111,9 +111,11 @@ def show_command(args: argparse.Namespace) -> int:
     predictions = store.predictions(study.id)
     limits = store.limits(study.id)
     rows = trial_rows(study, trials, predictions)
+    profile = store.workload_profile(study.id)
     if args.json:
         print(json.dumps({"study": study.name, "model": study.model, "slo": study.slo,
-                          "objectives": study.objectives, "trials": rows, "learned_limits": limits,
+                          "objectives": study.objectives, "workload_profile": profile,
+                          "trials": rows, "learned_limits": limits,
                           "confirmations": {str(n): c.to_json() for n, c in sorted(confirmed.items())},
                           "pareto_front": [t.number for t in front], "pareto_front_confirmed": bool(confirmed),
                           "best": choice.trial.number if choice.trial else None,
@@ -125,6 +127,9 @@ def show_command(args: argparse.Namespace) -> int:
     sim = " (SIMULATED engine)" if any(t.simulated for t in trials) else ""
     console.print(f"study [bold]{study.name}[/]{sim}: model {study.model}, SLO {study.slo}, "
                   f"{len(trials)} trial(s), storage {mask_url(args.storage)}")
+    if profile:
+        from autotune.bench.profile import format_profile
+        console.print(format_profile(profile), markup=False, highlight=False)
     extra = [(label, key) for label, key, objective in (
         ("p99 TTFT ms", "p99_ttft_ms", "p99_ttft_ms"), ("p50 TPOT ms", "median_tpot_ms", "p50_tpot_ms"),
         ("out tok/s", "output_throughput", "output_tps")) if objective not in names
@@ -142,7 +147,7 @@ def show_command(args: argparse.Namespace) -> int:
                       _fmt(t.startup_seconds), cell(study, confirmed.get(t.number)),
                       " ".join(r["measurement_flags"]))
     console.print(table)
-    console.print("state * = on the Pareto front; load = highest load meeting the SLO (concurrency or req/s); "
+    console.print("state * = on the Pareto front; load = highest load meeting the SLO (concurrency, req/s, or x a trace's recorded rate); "
                   "objective columns = each trial's first run; confirmed = median of repeats ±half their spread "
                   "(OUT: left the front); flags = measurement flags (never exported unconfirmed)"
                   + ("; twin = the simulator's rank among the candidates it ranked and its predicted value "

@@ -203,4 +203,16 @@ class EnqueuedRecord(Base):
     key: Mapped[str] = mapped_column(String(512))
     host: Mapped[str | None] = mapped_column(String(255), nullable=True)
     pid: Mapped[int | None] = mapped_column(Integer, nullable=True)
+
+
+class WorkloadProfileRecord(Base):
+    """What the study's workload looks like (bench/profile.py: lengths, arrivals, burstiness, prefix
+    sharing), computed once when the study is opened, so `show` and the report can say what traffic the
+    numbers were measured under without the trace file."""
+
+    __tablename__ = "autotune_workload_profiles"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    study_id: Mapped[int] = mapped_column(ForeignKey("autotune_studies.id"), unique=True)
+    profile: Mapped[dict[str, Any]] = mapped_column(JSON)
     created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)

@@ -15,7 +15,7 @@ from autotune.redact import Redactor, redact_flags
 from autotune.store.migrate import migrate
 from autotune.store.models import (Base, ConfirmationRecord, LimitRecord, PredictionRecord,
                                    ProcessRecord, SeriesRecord, StudyRecord,
-                                   TrialRecord, utcnow)
+                                   TrialRecord, WorkloadProfileRecord, utcnow)
 
 
 def sqlite_path(url: str) -> Path | None:
@@ -138,6 +138,24 @@ class ResultStore:
                 raise UserError(f"study {rec.name!r} in {self.url} was created with another search space; "
                                 f"use a new study name or storage")
             return rec
+
+    # the workload's profile ------------------------------------------------------------------------
+    def save_workload_profile(self, study_id: int, profile: dict[str, Any]) -> None:
+        with self.session() as s:
+            rec = s.scalar(select(WorkloadProfileRecord).where(WorkloadProfileRecord.study_id == study_id))
+            if rec is None:
+                s.add(WorkloadProfileRecord(study_id=study_id, profile=profile))
+            else:
+                rec.profile = profile
+            s.commit()
+
+    def workload_profile(self, study_id: int) -> dict[str, Any] | None:
+        """None also for a database written before profiles were stored (no such table)."""
+        with self.session() as s:
+            if not inspect(s.connection()).has_table(WorkloadProfileRecord.__tablename__):
+                return None
+            rec = s.scalar(select(WorkloadProfileRecord).where(WorkloadProfileRecord.study_id == study_id))
+            return None if rec is None else rec.profile
 
     # trials ----------------------------------------------------------------------------------------
     def _upsert(self, model: type, key: dict[str, Any], fields: dict[str, Any]) -> Any:

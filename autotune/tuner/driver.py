@@ -49,6 +49,7 @@ from autotune.tuner.progress import Progress
 from autotune.tuner.sharing import (claim, dead_owner_servers, first_to_create, gpu_model, identity_conflict,
                                     make_sampler, overlapping, sampler_seed)
 from autotune.tuner.trial import Phase, TrialOutcome, TrialRunner, outcome_evidence
+from autotune.tuner.workload_profile import store_workload_profile
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -172,6 +173,7 @@ class StudyDriver:
             space_hash=self.space.fingerprint(), spec_hash=self.spec.identity_hash(), spec=self.spec.public_dict(),
             objectives=[[o, d] for o, d in zip(self.spec.objectives, self.spec.directions())],
             slo=str(self.slo), quality_knobs=[p for p in self.space.quality_params])
+        store_workload_profile(self.store, self.record.id, self.spec)   # what traffic the numbers are under
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.hardware = hardware(self.spec)
         self.engine_version = self.engine.version()

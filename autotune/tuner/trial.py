@@ -249,7 +249,8 @@ class TrialRunner:
         load = self.spec.load
         model = self.spec.model
         if load.mode == "fixed":
-            phase(f"load: {'concurrency ' + str(load.concurrency) if load.concurrency else f'rate {load.rate}/s'}")
+            phase("load: " + (f"concurrency {load.concurrency}" if load.concurrency else f"rate {load.rate}/s"
+                              if load.rate else "the trace at its recorded times"))
             m = run_async(run_load(url, model, self.workload, concurrency=load.concurrency, rate=load.rate,
                                      num_requests=load.num_requests, warmup=load.warmup, slo=self.slo,
                                      seed=seed, endpoint=load.endpoint, tokenizer=self.tokenizer,
@@ -260,11 +261,14 @@ class TrialRunner:
             return m, None, stalled_requests(m.records)
 
         def on_step(step: Any) -> None:
+            at = f"{load.search} {step.load:g}"
+            if load.search == "time_scale":   # [trace replay, issue 16] the load is the trace's speed-up
+                at = f"x{step.load:g} the trace's rate (time_scale {1 / step.load:.3g})"
             if step.measurement.aborted_early:
-                phase(f"capacity search: {load.search} {step.load:g} -> SLO clearly broken, step cut short")
+                phase(f"capacity search: {at} -> SLO clearly broken, step cut short")
                 return
             met = "meets SLO" if step.slo_met else "breaks SLO"
-            phase(f"capacity search: {load.search} {step.load:g} -> "
+            phase(f"capacity search: {at} -> "
                   f"{step.measurement.metrics.get('output_throughput', 0):.0f} tok/s, {met}")
 
         phase(f"capacity search by {load.search}")

@@ -38,7 +38,7 @@ async def test_closed_loop_holds_exact_concurrency():
     in_flight = peak = 0
     sent = []
 
-    async def send(p: Prompt) -> None:
+    async def send(p: Prompt, scheduled: float | None = None) -> None:
         nonlocal in_flight, peak
         in_flight += 1
         peak = max(peak, in_flight)
@@ -54,7 +54,7 @@ async def test_closed_loop_holds_exact_concurrency():
 async def test_open_loop_sends_at_the_rate_and_respects_deadline():
     times = []
 
-    async def send(p: Prompt) -> None:
+    async def send(p: Prompt, scheduled: float | None = None) -> None:
         times.append(time.perf_counter())
 
     t0 = time.perf_counter()
@@ -68,7 +68,7 @@ async def test_open_loop_sends_at_the_rate_and_respects_deadline():
 async def test_open_loop_cap_limits_in_flight():
     in_flight = peak = 0
 
-    async def send(p: Prompt) -> None:
+    async def send(p: Prompt, scheduled: float | None = None) -> None:
         nonlocal in_flight, peak
         in_flight += 1
         peak = max(peak, in_flight)

@@ -5,11 +5,16 @@ from __future__ import annotations
 
 import asyncio
 from abc import ABC, abstractmethod
-from typing import Awaitable, Callable, Iterator
+from typing import Awaitable, Iterator, Protocol
 
 from autotune.bench.workloads import Prompt
 
-Send = Callable[[Prompt], Awaitable[None]]
+
+class Send(Protocol):
+    """Sends one prompt; an open loop passes the perf_counter time the request was due, which the client
+    records beside the actual send time (the schedule's drift is measured, not assumed)."""
+
+    def __call__(self, prompt: Prompt, scheduled: float | None = None) -> Awaitable[None]: ...
 
 
 class Arrivals(ABC):

@@ -54,9 +54,9 @@ class OpenLoop(Arrivals):
         slots = asyncio.Semaphore(self.cap) if self.cap else None
         tasks: set[asyncio.Task[None]] = set()
 
-        async def one(p: Prompt) -> None:
+        async def one(p: Prompt, due: float) -> None:
             if slots is None:
-                await send(p)
+                await send(p, scheduled=due)   # capped sends wait for a slot by design: no schedule to hold
                 return
             async with slots:
                 if not stop.is_set():
@@ -79,7 +79,7 @@ class OpenLoop(Arrivals):
             prompt = next(prompts, None)
             if prompt is None:
                 break
-            task = asyncio.create_task(one(prompt))
+            task = asyncio.create_task(one(prompt, due))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
         if tasks:

@@ -9,9 +9,10 @@ from autotune.bench.workloads._base import Prompt, Workload
 from autotune.bench.workloads._jsonl import JsonlWorkload
 from autotune.bench.workloads._prefix import PrefixWorkload
 from autotune.bench.workloads._random import RandomWorkload
+from autotune.bench.workloads._trace import TraceWorkload
 from autotune.errors import UserError
 
-KINDS: dict[str, type[Workload]] = {w.kind: w for w in (RandomWorkload, JsonlWorkload, PrefixWorkload)}
+KINDS: dict[str, type[Workload]] = {w.kind: w for w in (RandomWorkload, JsonlWorkload, PrefixWorkload, TraceWorkload)}
 
 
 def parse_workload(spec: str | Mapping[str, Any]) -> Workload:
@@ -49,4 +50,5 @@ def _parse_text(text: str) -> dict[str, Any]:
     return out
 
 
-__all__ = ["JsonlWorkload", "KINDS", "PrefixWorkload", "Prompt", "RandomWorkload", "Workload", "parse_workload"]
+__all__ = ["JsonlWorkload", "KINDS", "PrefixWorkload", "Prompt", "RandomWorkload", "TraceWorkload", "Workload",
+           "parse_workload"]

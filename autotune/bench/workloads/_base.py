@@ -20,11 +20,17 @@ from autotune.errors import UserError
 @dataclass(frozen=True)
 class Prompt:
     """One request's text. `input_tokens` is the tokenizer's count when one was available, else None
-    (the server's usage field then gives it)."""
+    (the server's usage field then gives it). A replayed trace adds when the request arrived (`at_s`,
+    seconds since the trace's start), its conversation and think time, and its chat messages (sent as
+    such on the chat endpoint; `text` is then their contents, for the completions endpoint)."""
 
     text: str
     output_len: int
     input_tokens: int | None = None
+    at_s: float | None = None
+    conversation: str | None = None
+    think_s: float | None = None
+    messages: tuple[dict[str, str], ...] | None = None
 
 
 class Workload(ABC):
@@ -44,6 +50,10 @@ class Workload(ABC):
 
     def prompts(self, n: int, *, seed: int = 0, tokenizer: Tokenizer | None = None) -> list[Prompt]:
         return list(islice(self.iter_prompts(seed, tokenizer), n))
+
+    def one_pass(self, tokenizer: Tokenizer | None, n: int = 100) -> list[Prompt]:
+        """What describes the workload (bench/profile.py): a sample of `n` prompts; a trace gives itself."""
+        return self.prompts(n, tokenizer=tokenizer)
 
     def __str__(self) -> str:
         p = self.params()

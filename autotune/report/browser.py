@@ -24,6 +24,7 @@ import aiohttp
 
 from autotune.engine.process import find_free_port, spawn, stop_group
 
+LOCAL_SCHEMES = ("file:", "data:", "about:", "blob:")
 CANDIDATES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 
 
@@ -33,7 +34,7 @@ def find_chromium() -> str | None:
 
 @dataclass
 class PageCheck:
-    errors: list[str] = field(default_factory=list)      # console errors and uncaught exceptions
+    errors: list[str] = field(default_factory=list)      # console errors, uncaught exceptions, network use
     plots: int = 0                                         # plotly graphs that drew
     title: str = ""
     text: str = ""                                         # the page's visible text
@@ -81,6 +82,10 @@ def _errors(events: list[dict[str, Any]]) -> list[str]:
             out.append("exception: " + str((d.get("exception") or {}).get("description") or d.get("text")))
         elif method == "Log.entryAdded" and p.get("entry", {}).get("level") == "error":
             out.append("log: " + p["entry"].get("text", ""))
+        elif method == "Network.requestWillBeSent":
+            url = p.get("request", {}).get("url", "")
+            if not url.startswith(LOCAL_SCHEMES):
+                out.append("network request while offline: " + url)
     return out
 
 
@@ -100,8 +105,11 @@ async def _check(port: int, url: str, screenshot: Path | None, width: int, heigh
             raise RuntimeError("Chromium did not open its DevTools endpoint")
         async with http.ws_connect(targets[0]["webSocketDebuggerUrl"], max_msg_size=0) as ws:
             cdp = _CDP(ws)
-            for domain in ("Runtime.enable", "Log.enable", "Page.enable"):
+            for domain in ("Runtime.enable", "Log.enable", "Page.enable", "Network.enable"):
                 await cdp.call(domain)
+            # the report must work offline: the page gets no network, and any request it tries is an error
+            await cdp.call("Network.emulateNetworkConditions", offline=True, latency=0, downloadThroughput=-1,
+                           uploadThroughput=-1)
             await cdp.call("Emulation.setDeviceMetricsOverride", width=width, height=height,
                            deviceScaleFactor=1, mobile=False)
             await cdp.call("Page.navigate", url=url)

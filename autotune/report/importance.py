@@ -30,19 +30,14 @@ def _distributions(storage_url: str, study_name: str) -> dict[int, dict[str, Bas
     return {t.number: dict(t.distributions) for t in study.get_trials(deepcopy=False)}
 
 
-def param_importances(storage_url: str, study: StudyRecord, trials: Sequence[TrialRecord]) -> tuple[dict[str, dict[str, float]], str]:
-    """objective -> {param: importance} over measured trials, and a note when it cannot be computed."""
-    rows = measured(trials)
-    if len(rows) < MIN_TRIALS:
-        return {}, f"needs at least {MIN_TRIALS} measured trials (has {len(rows)})"
-    try:
-        dists = _distributions(storage_url, study.name)
-    except Exception as e:   # an Optuna storage that cannot be read: the rest of the report still renders
-        return {}, f"Optuna study not readable: {e}"
+def measured_study(storage_url: str, study: StudyRecord, trials: Sequence[TrialRecord]) -> optuna.Study:
+    """An in-memory Optuna study holding the measured trials only, with autotune's measured values (the
+    distributions come from the stored Optuna trials; `user_attrs["number"]` is the trial number)."""
+    dists = _distributions(storage_url, study.name)
     names = [o for o, _ in study.objectives]
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     mem = optuna.create_study(directions=[d for _, d in study.objectives])
-    for t in rows:
+    for t in measured(trials):
         d = dists.get(t.number, {})
         params = {k: v for k, v in (t.params or {}).items() if k in d}
         if not params or any(n not in t.objectives for n in names):
@@ -50,6 +45,16 @@ def param_importances(storage_url: str, study: StudyRecord, trials: Sequence[Tri
         mem.add_trial(optuna.trial.create_trial(
             params=params, distributions={k: d[k] for k in params},
             values=[float(t.objectives[n]) for n in names], user_attrs={"number": t.number}))
+    return mem
+
+
+def param_importances(storage_url: str, study: StudyRecord,
+                      trials: Sequence[TrialRecord]) -> tuple[dict[str, dict[str, float]], str]:
+    """objective -> {param: importance} over measured trials, and a note saying over what (or why not)."""
+    try:
+        mem = measured_study(storage_url, study, trials)
+    except Exception as e:   # an Optuna storage that cannot be read: the rest of the report still renders
+        return {}, f"not computable: Optuna study not readable ({e})"
     if len(mem.trials) < MIN_TRIALS:
         return {}, f"needs at least {MIN_TRIALS} measured trials with parameters (has {len(mem.trials)})"
     out: dict[str, dict[str, float]] = {}

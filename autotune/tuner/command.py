@@ -179,10 +179,16 @@ def run_command(args: argparse.Namespace) -> int:
     from autotune.tuner.study import StudyLoop
 
     started = time.monotonic()
+    report = getattr(args, "report", None)                                    # [report hook] issue 13
+    if report and not Path(report).resolve().parent.is_dir():                 # [report hook]
+        raise UserError(f"--report {report}: folder {Path(report).parent} does not exist")  # [report hook]
     parts = prepare(args)
     loop = StudyLoop(**parts, live=False if args.no_progress else None, started=started)
     result = loop.run()
     spec: StudySpec = parts["spec"]
+    if report:                                                                # [report hook] issue 13
+        from autotune.report.html import write_report                        # [report hook]
+        print(f"report: {write_report(spec.storage_url, spec.name, report)}")  # [report hook]
     msg = (f"study {spec.name}: {result.complete} complete trial(s), {result.feasible} feasible; "
            f"storage {spec.storage_url}")
     if result.stopped_by:

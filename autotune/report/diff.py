@@ -13,6 +13,7 @@ from rich.table import Table
 from autotune.errors import UserError
 from autotune.flags import flags_to_mapping
 from autotune.report import confirmed as conf
+from autotune.report.show import _fmt
 from autotune.store.models import StudyRecord, TrialRecord
 from autotune.store.queries import is_feasible
 from autotune.store.repository import ResultStore
@@ -70,16 +71,6 @@ def compare(study: StudyRecord, a: TrialRecord, b: TrialRecord, confirms: dict[i
     side = lambda t: {"number": t.number, "role": t.role, "state": t.state, "cause": t.cause,  # noqa: E731
                       "feasible": is_feasible(t), "simulated": t.simulated, "engine_version": t.engine_version}
     return {"study": study.name, "slo": study.slo, "a": side(a), "b": side(b), "flags": flags, "measures": rows}
-
-
-def _fmt(v: Any) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, bool):
-        return "on" if v else "off"
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    return str(v)
 
 
 def diff_command(args: argparse.Namespace) -> int:

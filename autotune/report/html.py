@@ -18,7 +18,7 @@ from autotune.export.files import write_text_atomic
 from autotune.report import confirmed as conf
 from autotune.report import figures
 from autotune.report.importance import param_importances
-from autotune.report.show import compact_params
+from autotune.report.show import _fmt, compact_params
 from autotune.store.models import StudyRecord, TrialRecord
 from autotune.store.queries import is_feasible, pareto_front
 from autotune.store.repository import ResultStore
@@ -39,14 +39,6 @@ code{font-size:.9em;word-break:break-all}
 
 def _e(v: Any) -> str:
     return html.escape(str(v))
-
-
-def _fmt(v: Any) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    return str(v)
 
 
 def _table(rows: Sequence[Sequence[Any]], head: Sequence[str] | None = None) -> str:

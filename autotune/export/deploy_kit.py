@@ -119,7 +119,7 @@ def settings_sh(ctx: ExportContext) -> str:
         _array("ENV_VARS", list(env)), _array("ENV_DEFAULTS", list(env.values())),
         "",
         "# smoke.sh",
-        f"SLO={q(ctx.study.slo)}", f"WORKLOAD={q(workload_text(ctx))}",
+        f"DEFAULT_SMOKE_SLO={q(ctx.study.slo)}", f"WORKLOAD={q(workload_text(ctx))}",
         f"LOAD_FLAG={load_flag}", f"LOAD_KIND={load_kind}", f"CAPACITY={q(str(capacity))}",
         f"DEFAULT_SMOKE_LOAD={q(load)}", f"DEFAULT_SMOKE_REQUESTS={n_requests}",
         f"DEFAULT_SMOKE_WARMUP={math.ceil(float(load))}",
@@ -163,7 +163,7 @@ def readme(ctx: ExportContext) -> str:
             "```", "", "Settings (environment variable, vLLM flag, value the trial ran with):", "",
             *[f"- `{v}` -> `--{f}`: `{d}`" + (" (0 or 1)" if k == "bool" else "") for v, k, f, d in kit_flags(ctx)],
             "- `MODEL`, `HOST` (0.0.0.0), `PORT` (8000), `RUN_DIR` (./run: PID and log), `STARTUP_TIMEOUT`, "
-            "`STOP_TIMEOUT`, `SMOKE_LOAD`, `SMOKE_REQUESTS`, `SMOKE_WARMUP`, `PYTHON` (the interpreter with autotune, for smoke.sh)",
+            "`STOP_TIMEOUT`, `SMOKE_LOAD`, `SMOKE_REQUESTS`, `SMOKE_WARMUP`, `SMOKE_SLO` (the study's), `PYTHON` (the interpreter with autotune, for smoke.sh)",
             "", "`config.yaml` is the same configuration for `vllm serve --config config.yaml`.", ""]
     return "\n".join(out)
 

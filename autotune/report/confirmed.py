@@ -104,8 +104,8 @@ def measurement_flags(engine: Engine, study: StudyRecord) -> dict[int, list[str]
 
 def confirmations(engine: Engine, study: StudyRecord) -> dict[int, Confirmed]:
     """trial number -> its confirmation repeats; empty when the table does not exist. A row links to its
-    trial by `trial_id` (autotune_trials.id) or by `study_id` + `number`; its values are an `objectives`
-    JSON mapping or one column per objective."""
+    trial by `trial_id` (autotune_trials.id) or by `study_id` + `number` (or `trial_number`); its values
+    are an `objectives` (or `values`) JSON mapping, or one column per objective."""
     cols = _columns(engine, CONFIRMATIONS)
     if not cols:
         return {}
@@ -115,15 +115,16 @@ def confirmations(engine: Engine, study: StudyRecord) -> dict[int, Confirmed]:
             rows = conn.execute(text(f"SELECT t.number AS _number, c.* FROM {CONFIRMATIONS} c "
                                      "JOIN autotune_trials t ON t.id = c.trial_id WHERE t.study_id = :s"),
                                 {"s": study.id}).mappings().all()
-        elif {"study_id", "number"} <= cols:
-            rows = conn.execute(text(f"SELECT number AS _number, * FROM {CONFIRMATIONS} WHERE study_id = :s"),
+        elif "study_id" in cols and (link := next((c for c in ("number", "trial_number") if c in cols), None)):
+            rows = conn.execute(text(f"SELECT {link} AS _number, * FROM {CONFIRMATIONS} WHERE study_id = :s"),
                                 {"s": study.id}).mappings().all()
         else:
             return {}
     out: dict[int, Confirmed] = {}
     for row in rows:
         c = out.setdefault(int(row["_number"]), Confirmed(int(row["_number"])))
-        values = _json(row["objectives"]) if "objectives" in row else {n: row.get(n) for n in names}
+        packed = next((c for c in ("objectives", "values") if c in row), None)
+        values = _json(row[packed]) if packed else {n: row.get(n) for n in names}
         if row.get("verdict"):
             c.verdict = str(row["verdict"])
         measured = isinstance(values, Mapping) and any(values.get(n) is not None for n in names)

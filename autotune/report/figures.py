@@ -173,7 +173,9 @@ def capacity_steps(study: StudyRecord, trials: Sequence[TrialRecord], simulated:
     return _layout(fig, "Capacity search steps (o met the SLO, x broke it)", simulated, height=460)
 
 
-SERIES = (("power_w", "power W"), ("mem_used_mib", "memory used MiB"), ("kv_usage_pct", "KV cache use %"))
+# GPU (nvml, sim) and CPU-build (cpu) series; a study shows the ones its telemetry source wrote
+SERIES = (("power_w", "power W"), ("cpu_pct", "server CPU %"), ("mem_used_mib", "GPU memory used MiB"),
+          ("rss_mib", "server memory MiB"), ("kv_usage_pct", "KV cache use %"))
 
 
 def telemetry(series: dict[int, list[dict[str, Any]]], simulated: bool) -> go.Figure | None:

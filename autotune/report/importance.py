@@ -66,6 +66,6 @@ def param_importances(storage_url: str, study: StudyRecord,
                 out[name] = optuna.importance.get_param_importances(
                     mem, target=lambda ft, i=i, sign=sign: sign * ft.values[i],
                     evaluator=optuna.importance.PedAnovaImportanceEvaluator())
-        except (RuntimeError, ValueError) as e:   # e.g. every trial ran the same value of every parameter
+        except Exception as e:   # e.g. every trial ran the same values: the rest of the report still renders
             return {}, f"not computable: {e}"
     return out, f"over {len(mem.trials)} measured trials (failed trials' placeholder values left out)"

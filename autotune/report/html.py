@@ -59,7 +59,8 @@ def _setting(study: StudyRecord, trials: Sequence[TrialRecord]) -> str:
     spec = study.spec or {}
     rows = [("model", _e(study.model)), ("SLO", _e(study.slo)),
             ("objectives", _e(", ".join(f"{o} ({d})" for o, d in study.objectives))),
-            ("engine", _e(f"{study.engine_kind}, version {first.engine_version if first else 'unknown'}")),
+            ("engine", _e(f"{study.engine_kind}, version "
+                          f"{(first.engine_version if first else None) or 'not recorded'}")),
             ("hardware", _kv(first.hardware) if first else "-"),
             ("workload", _kv(first.workload) if first else _kv(spec.get("workload") or {})),
             ("load", _kv(spec.get("load") or {})), ("sampler", _e(spec.get("sampler", "-"))),

@@ -163,7 +163,8 @@ def readme(ctx: ExportContext) -> str:
             "```", "", "Settings (environment variable, vLLM flag, value the trial ran with):", "",
             *[f"- `{v}` -> `--{f}`: `{d}`" + (" (0 or 1)" if k == "bool" else "") for v, k, f, d in kit_flags(ctx)],
             "- `MODEL`, `HOST` (0.0.0.0), `PORT` (8000), `RUN_DIR` (./run: PID and log), `STARTUP_TIMEOUT`, "
-            "`STOP_TIMEOUT`, `SMOKE_LOAD`, `SMOKE_REQUESTS`, `SMOKE_WARMUP`, `SMOKE_SLO` (the study's), `PYTHON` (the interpreter with autotune, for smoke.sh)",
+            "`STOP_TIMEOUT`, `SMOKE_LOAD`, `SMOKE_REQUESTS`, `SMOKE_WARMUP`, `SMOKE_SLO` (the study's), "
+            "`PYTHON` (the interpreter with autotune, for smoke.sh)",
             "", "`config.yaml` is the same configuration for `vllm serve --config config.yaml`.", ""]
     return "\n".join(out)
 

@@ -196,7 +196,8 @@ sys.exit(0 if sys.argv[1] in ids else "served models are %s" % ids)' "$SERVED" <
 echo "smoke: one completion"
 payload="$("$PYTHON" -c 'import json, sys
 print(json.dumps({"model": sys.argv[1], "prompt": "The capital of France is", "max_tokens": 8}))' "$SERVED")"
-answer="$(get -H 'Content-Type: application/json' -d "$payload" "$BASE/v1/completions")" || fail "completion request failed"
+answer="$(get -H 'Content-Type: application/json' -d "$payload" "$BASE/v1/completions")" \
+  || fail "completion request failed"
 "$PYTHON" -c 'import json, sys
 a = json.loads(sys.stdin.read())
 ok = isinstance(a["choices"][0]["text"], str) and a["usage"]["completion_tokens"] > 0
@@ -205,7 +206,8 @@ sys.exit(0 if ok else "no tokens generated: %s" % a)' <<<"$answer" || fail "bad 
 printf 'smoke: %s requests at %s %s (measured capacity %s; SLO %s)\n' \
   "$SMOKE_REQUESTS" "$LOAD_FLAG" "$SMOKE_LOAD" "$CAPACITY" "$SMOKE_SLO"
 "$PYTHON" -m autotune bench --url "$BASE" --model "$SERVED" --workload "$WORKLOAD" \
-  "--$LOAD_FLAG" "$SMOKE_LOAD" --num-requests "$SMOKE_REQUESTS" --warmup "$SMOKE_WARMUP" --slo "$SMOKE_SLO" --check-slo \
+  "--$LOAD_FLAG" "$SMOKE_LOAD" --num-requests "$SMOKE_REQUESTS" --warmup "$SMOKE_WARMUP" \
+  --slo "$SMOKE_SLO" --check-slo \
   || fail "the SLO was not met at $LOAD_FLAG $SMOKE_LOAD"
 echo "smoke: passed"
 '''

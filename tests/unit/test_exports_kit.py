@@ -50,8 +50,8 @@ def _store(tmp_path: Path, engine_command: list[str] | None = None) -> tuple[Res
                          capacity={"mode": "concurrency", "capacity": load, "steps": []} if load else None,
                          metrics={"p99_ttft_ms": 990.0, "median_tpot_ms": 20.0} if cap else {},
                          cause=None if cap else "startup_oom", engine_version="0.24.1", spec_hash="x",
-                         hardware={"gpus": [{"index": 0, "name": "H200"}]}, workload={"kind": "random",
-                                                                                       "input_len": 64, "output_len": 16})
+                         hardware={"gpus": [{"index": 0, "name": "H200"}]},
+                         workload={"kind": "random", "input_len": 64, "output_len": 16})
     return store, store.resolve_study(None)
 
 
@@ -149,7 +149,8 @@ def test_deploy_kit_files_and_smoke_defaults(tmp_path):
     assert all(os.access(kit / n, os.X_OK) for n in ("deploy.sh", "stop.sh", "debug.sh", "smoke.sh"))
     settings = (kit / "settings.sh").read_text()
     assert "DEFAULT_SMOKE_LOAD=16" in settings            # 80 % of the measured 21 streams, rounded down
-    assert "DEFAULT_SMOKE_SLO='ttft:p99<=1000ms'" in settings and "WORKLOAD=random:input_len=64,output_len=16" in settings
+    assert "DEFAULT_SMOKE_SLO='ttft:p99<=1000ms'" in settings
+    assert "WORKLOAD=random:input_len=64,output_len=16" in settings
     argv = _dry(kit, "deploy.sh").stdout.splitlines()
     assert argv[:5] == ["/opt/vllm/bin/python", "-m", "vllm.entrypoints.openai.api_server", "--model", MODEL_DIR]
     readme = (kit / "README.md").read_text()

@@ -3,6 +3,7 @@ holds nothing to plot). Every point carries its trial number in `customdata` and
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from typing import Any, Sequence
 
@@ -92,7 +93,7 @@ def history(study: StudyRecord, trials: Sequence[TrialRecord], simulated: bool) 
         fig.add_trace(go.Scatter(x=[b[0] for b in best], y=[b[1] for b in best], mode="lines", line_shape="hv",
                                  name="best feasible so far", customdata=[b[0] for b in best],
                                  hovertemplate=_hover("trial", name)))
-    fig.update_xaxes(title_text="trial")
+    fig.update_xaxes(title_text="trial", tick0=0, dtick=max(1, math.ceil(len(trials) / 12)))   # whole trials
     fig.update_yaxes(title_text=name)
     return _layout(fig, f"Optimisation history ({name}; failed trials not shown)", simulated)
 

@@ -20,7 +20,7 @@ from autotune.report import figures
 from autotune.report.importance import param_importances
 from autotune.report.show import _fmt, compact_params
 from autotune.store.models import StudyRecord, TrialRecord
-from autotune.store.queries import is_feasible, pareto_front
+from autotune.store.queries import pareto_front
 from autotune.store.repository import ResultStore
 
 STYLE = """
@@ -145,13 +145,14 @@ def render_report(store: ResultStore, study: StudyRecord) -> str:
     flags = conf.measurement_flags(store.engine, study)
     front = {t.number for t in pareto_front(study, trials)}
     imp, imp_note = param_importances(store.url, study, trials)
-    figs: list[tuple[str, go.Figure | None, str]] = [
-        ("pareto", figures.pareto(study, trials, choice.trial, simulated), "no measured trial yet"),
-        ("history", figures.history(study, trials, simulated), "no measured trial yet"),
-        ("importance", figures.importance(imp, f"({imp_note})", simulated), f"parameter importance {imp_note}"),
-        ("failures", figures.failures(trials, simulated), "every trial met the bar"),
-        ("steps", figures.capacity_steps(study, trials, simulated), "no capacity search recorded"),
-        ("telemetry", figures.telemetry(_series(store, trials), simulated), "no telemetry series kept"),
+    figs: list[tuple[str, str, go.Figure | None, str]] = [
+        ("pareto", "Pareto front", figures.pareto(study, trials, choice.trial, simulated), "no measured trial yet"),
+        ("history", "Optimisation history", figures.history(study, trials, simulated), "no measured trial yet"),
+        ("importance", "Parameter importance", figures.importance(imp, f"({imp_note})", simulated), imp_note),
+        ("failures", "Failures by cause", figures.failures(trials, simulated), "every trial met the bar"),
+        ("steps", "Capacity search steps", figures.capacity_steps(study, trials, simulated),
+         "no capacity search recorded"),
+        ("telemetry", "Telemetry", figures.telemetry(_series(store, trials), simulated), "no telemetry series kept"),
     ]
     banner = ('<div class="sim">SIMULATED - these figures come from autotune\'s simulator, not from a real '
               "vLLM on real GPUs</div>") if simulated else ""
@@ -161,10 +162,10 @@ def render_report(store: ResultStore, study: StudyRecord) -> str:
             "repeats where shown); failed trials carry no values here.</p>",
             "<h2>The setting</h2>", _setting(study, trials),
             "<h2>The trial export would deploy</h2>", _exported(study, trials, choice, confirms, flags)]
-    for key, fig, empty in figs:
+    for key, title, fig, empty in figs:
         body.append(f'<div id="fig-{key}">')
         if fig is None:
-            body.append(f'<h2>{_e(key)}</h2><p class="muted">{_e(empty)}</p>')
+            body.append(f'<h2>{_e(title)}</h2><p class="muted">{_e(empty)}</p>')
         else:
             body.append(fig.to_html(full_html=False, include_plotlyjs=False, div_id=f"plot-{key}",
                                     config={"displaylogo": False, "responsive": True}))

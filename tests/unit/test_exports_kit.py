@@ -214,3 +214,17 @@ def test_confirmations_absent_mean_not_confirmed_and_present_give_the_paired_gai
     assert main(["export", "--storage", store.url, "--format", "docker", "-o", "-"]) == 0
     assert "# verdict against the defaults: capacity_tps against the baseline: x1.500 [1.400, 1.600]" in \
         capsys.readouterr().out
+
+
+def test_confirmations_linked_by_study_and_trial_number(tmp_path):
+    store, study = _store(tmp_path)
+    with store.engine.begin() as c:
+        c.execute(text("CREATE TABLE autotune_confirmations (id INTEGER PRIMARY KEY, study_id INTEGER, "
+                       "trial_number INTEGER, \"values\" JSON, verdict VARCHAR)"))
+        for cap in (170.0, 190.0, 185.0):
+            c.execute(text("INSERT INTO autotune_confirmations (study_id, trial_number, \"values\", verdict) "
+                           "VALUES (:s, 1, :v, 'no gain beyond noise')"),
+                      {"s": study.id, "v": json.dumps({"capacity_tps": cap, "p50_tpot_ms": 20.0})})
+    confirms = conf.confirmations(store.engine, study)
+    assert list(confirms) == [1] and confirms[1].median("capacity_tps") == 185.0
+    assert conf.verdict(study, None, confirms[1]) == "no gain beyond noise"     # the stored verdict wins

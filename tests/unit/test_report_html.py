@@ -8,7 +8,6 @@ import re
 
 import optuna
 import plotly.offline
-import pytest
 
 from autotune.cli import main
 from autotune.report.html import render_report

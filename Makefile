@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 DEMO   := models/demo
 DB     := sqlite:///studies/demo-cpu.db
 
-.PHONY: setup demo-model run test test-fast postgres clean
+.PHONY: setup demo-model run test test-fast postgres clean chromium
 
 setup: $(STAMP)
 
@@ -27,7 +27,15 @@ run: demo-model
 	$(BIN)/autotune show --storage $(DB)
 	$(BIN)/autotune export --storage $(DB) --format vllm-yaml -o studies/demo-cpu-best.yaml
 
-test: demo-model postgres
+# The report's browser test needs Debian's Chromium: installed here when missing and we are root
+# (idempotent); otherwise that test skips and says why.
+chromium:
+	@if command -v chromium >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium; \
+	else echo "chromium is missing and cannot be installed here (not root or no apt-get): the browser test will skip"; fi
+
+test: demo-model postgres chromium
 	$(PY) -m pytest -q -p no:cacheprovider
 
 # PostgreSQL server binaries for the multi-host tests (they start a throwaway server themselves):

@@ -58,6 +58,7 @@ def _build_parser() -> OneLineParser:
     conf.add_argument("--study-name")
     conf.add_argument("--top", type=int, help="candidates to confirm (default: the spec's confirm.top_k)")
     conf.add_argument("--repeats", type=int, help="rounds, at least 3 (default: the spec's confirm.repeats)")
+    run.add_argument("--report", metavar="FILE", help="write the study's HTML report here at the end")
 
     show = sub.add_parser("show", help="trials, causes, metrics and the Pareto front of a study")
     show.add_argument("--storage", required=True)
@@ -67,9 +68,26 @@ def _build_parser() -> OneLineParser:
     exp = sub.add_parser("export", help="write the best (or a chosen) trial's config")
     exp.add_argument("--storage", required=True)
     exp.add_argument("--study-name")
-    exp.add_argument("--format", required=True, choices=["vllm-yaml", "command", "json"])
+    exp.add_argument("--format", required=True,
+                     choices=["vllm-yaml", "command", "json", "docker", "k8s", "deploy-kit"])
     exp.add_argument("--trial", type=int, help="trial number (default: best feasible)")
-    exp.add_argument("-o", "--output", required=True, help="file to write ('-' for stdout)")
+    exp.add_argument("-o", "--output", required=True, help="file to write ('-' for stdout); a folder for deploy-kit")
+    exp.add_argument("--engine-cmd", help="deploy-kit: start vLLM with this command (e.g. 'vllm serve') "
+                                          "instead of the study's engine command")
+    exp.add_argument("--image", help="docker, k8s: container image (default: vllm/vllm-openai pinned to the "
+                                     "engine version the trial ran)")
+
+    rep = sub.add_parser("report", help="one self-contained HTML report of a study")
+    rep.add_argument("--storage", required=True)
+    rep.add_argument("--study-name")
+    rep.add_argument("-o", "--output", required=True, help="HTML file to write")
+
+    diff = sub.add_parser("diff", help="two trials' flags and measurements side by side")
+    diff.add_argument("--storage", required=True)
+    diff.add_argument("--study-name")
+    diff.add_argument("a", help="trial number or 'baseline'")
+    diff.add_argument("b", help="trial number or 'baseline'")
+    diff.add_argument("--json", action="store_true", help="machine-readable output")
 
     init = sub.add_parser("init", help="write a commented autotune.yaml")
     init.add_argument("path", nargs="?", default="autotune.yaml")
@@ -128,6 +146,12 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "export":
         from autotune.export.command import export_command
         return export_command(args)
+    if args.command == "report":
+        from autotune.report.html import report_command
+        return report_command(args)
+    if args.command == "diff":
+        from autotune.report.diff import diff_command
+        return diff_command(args)
     if args.command == "init":
         from autotune.spec import write_init
         return write_init(args.path, force=args.force)

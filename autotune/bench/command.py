@@ -56,6 +56,8 @@ def build_parser() -> OneLineParser:
     p.add_argument("--tokenizer", help="tokenizer directory or tokenizer.json (default: the model's, if local)")
     p.add_argument("--timeout", type=float, default=600, help="per-request timeout in seconds")
     p.add_argument("--json", metavar="FILE", help="write the result (and per-request records) as JSON")
+    p.add_argument("--check-slo", action="store_true", help="exit 1 when the run misses --slo or a request "
+                                                           "fails (a smoke test's pass/fail)")
     p.add_argument("--capacity", choices=["concurrency", "rate", "time_scale"],
                    help="search the highest load meeting --slo (time_scale: a trace's speed-up)")
     p.add_argument("--max-steps", type=int, default=6, help="capacity search: most load steps")
@@ -80,6 +82,8 @@ def _run(args) -> int:  # type: ignore[no-untyped-def]
         raise UserError(f"--url {args.url!r} is not a base URL like http://127.0.0.1:8000")
     workload = parse_workload(args.workload)
     slo = SLO.parse(args.slo) if args.slo else None
+    if args.check_slo and (slo is None or args.capacity):
+        raise UserError("--check-slo needs --slo and a fixed load (not --capacity)")
     rate = None if args.rate is None else _positive_float(args.rate)
     if args.num_requests is not None and args.duration is not None:
         raise UserError("give --num-requests or --duration, not both")
@@ -122,4 +126,18 @@ def _run(args) -> int:  # type: ignore[no-untyped-def]
                     "max_concurrency": args.concurrency, "num_prompts": args.num_requests,
                     "slo": str(slo) if slo else None, "workload_profile": profile})
         write_json(args.json, out)
+    if args.check_slo:
+        assert slo is not None
+        return _slo_verdict(slo, m.metrics)
+    return 0
+
+
+def _slo_verdict(slo: SLO, metrics: dict[str, float]) -> int:
+    failed = int(metrics.get("failed") or 0)
+    margins = {k: v for k, v in slo.margins(metrics).items() if v > 0}
+    if failed or margins:
+        print("SLO check: FAILED (" + ", ".join([*(f"{k} over by {v:.4g} ms" for k, v in margins.items()),
+                                                 *([f"{failed} request(s) failed"] if failed else [])]) + ")")
+        return 1
+    print(f"SLO check: passed ({slo})")
     return 0

@@ -1,57 +1,61 @@
-"""`autotune export`: the winning (or a chosen) trial as a file someone can deploy."""
+"""`autotune export`: the winning (or a chosen) trial as a file, or a folder, someone can deploy."""
 
 from __future__ import annotations
 
 import argparse
-import os
+import shlex
 import sys
-import tempfile
-from pathlib import Path
+from typing import Callable
 
 from autotune.errors import UserError
+from autotune.export.choice import exported_trial
+from autotune.export.files import write_folder_atomic, write_text_atomic
 from autotune.export.formats import FORMATS
-from autotune.report.confirmed import export_header
-from autotune.store.queries import is_feasible
+from autotune.export.options import ExportContext
 from autotune.store.repository import ResultStore
-from autotune.tuner.verdict import ExportChoice, export_choice, summarize_confirmations, unconfirmed_flagged
+
+
+def _file_formats() -> dict[str, Callable[[ExportContext], str]]:
+    from autotune.export.container import docker_line
+    from autotune.export.k8s import k8s_manifests
+
+    out: dict[str, Callable[[ExportContext], str]] = {
+        name: (lambda ctx, f=f: f(ctx.study, ctx.trial, verdict=ctx.header)) for name, f in FORMATS.items()}
+    out.update({"docker": docker_line, "k8s": k8s_manifests})
+    return out
 
 
 def export_command(args: argparse.Namespace) -> int:
     store = ResultStore(args.storage, create=False)
     study = store.resolve_study(args.study_name)
     trials = store.trials(study.id)
-    rows = store.confirmations(study.id)
-    if args.trial is not None:
-        trial = next((t for t in trials if t.number == args.trial), None)
-        if trial is None:
-            raise UserError(f"study {study.name!r} has no trial {args.trial}")
-        if not trial.objectives and trial.state != "ok":
-            raise UserError(f"trial {args.trial} did not run to a measurement ({trial.state}: {trial.cause})")
-        refused = unconfirmed_flagged(trial, rows, study, trials)
-        if refused:
-            sys.stderr.write(f"autotune: {refused}\n")
-            return 1
-        if not is_feasible(trial):
-            sys.stderr.write(f"autotune: warning: trial {trial.number} is not feasible ({trial.state})\n")
-        choice = ExportChoice(trial, None, f"trial {trial.number} chosen with --trial")
+    choice = exported_trial(study, trials, store.confirmations(study.id), args.trial)
+    for w in choice.warnings:
+        sys.stderr.write(f"autotune: warning: {w}\n")
+    if choice.trial is None:
+        sys.stderr.write(f"autotune: {choice.reason}\n")
+        return 1
+    engine_cmd = None
+    if getattr(args, "engine_cmd", None):
+        try:
+            engine_cmd = shlex.split(args.engine_cmd)
+        except ValueError as e:
+            raise UserError(f"--engine-cmd: {e}") from None
+        if not engine_cmd:
+            raise UserError("--engine-cmd is empty")
+    ctx = ExportContext(store, study, trials, choice.trial, image=getattr(args, "image", None), engine_cmd=engine_cmd,
+                        header=choice.header)
+    if args.format == "deploy-kit":
+        from autotune.export.deploy_kit import kit_files
+
+        if args.output == "-":
+            raise UserError("deploy-kit writes a folder: give -o DIR")
+        out = write_folder_atomic(args.output, kit_files(ctx), keep=("run",))
     else:
-        choice = export_choice(study, trials, rows)
-        if choice.trial is None:
-            sys.stderr.write(f"autotune: nothing to export from study {study.name!r}: {choice.why}\n")
-            return 1
-        trial = choice.trial
-    header = export_header(study, trials, summarize_confirmations(study, trials, rows), choice)
-    text = FORMATS[args.format](study, trial, verdict=header)
-    if args.output == "-":
-        sys.stdout.write(text)
-        return 0
-    out = Path(args.output)
-    if out.parent and not out.parent.exists():
-        raise UserError(f"cannot write {out}: folder {out.parent} does not exist")
-    # write-then-rename: a half-written config is never left behind
-    fd, tmp = tempfile.mkstemp(dir=out.parent or Path("."), prefix=f".{out.name}.")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, out)
-    print(f"wrote {out} (study {study.name}, trial {trial.number})")
+        text = _file_formats()[args.format](ctx)
+        if args.output == "-":
+            sys.stdout.write(text)
+            return 0
+        out = write_text_atomic(args.output, text)
+    print(f"wrote {out} (study {study.name}, trial {choice.trial.number})")
     return 0

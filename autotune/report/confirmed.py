@@ -5,7 +5,11 @@ from __future__ import annotations
 from typing import Sequence
 
 from autotune.store.models import StudyRecord, TrialRecord
-from autotune.tuner.verdict import Confirmed, ExportChoice
+from autotune.store.repository import ResultStore
+from autotune.tuner.verdict import (Confirmed, ExportChoice, ObjectiveVerdict, objective_verdict,
+                                    summarize_confirmations)
+
+NOT_CONFIRMED = "not confirmed"
 
 
 def _medians(study: StudyRecord, c: Confirmed) -> str:
@@ -82,3 +86,43 @@ def export_header(study: StudyRecord, trials: Sequence[TrialRecord], confirmed: 
     elif t.role == "baseline":
         out.append("this is the baseline: no candidate beat vLLM's defaults after confirmation")
     return out
+
+
+# -- the same figures for the report, the diff and the deploy kit ------------------------------------------
+def by_trial(store: ResultStore, study: StudyRecord, trials: Sequence[TrialRecord] | None = None
+             ) -> dict[int, Confirmed]:
+    """Trial number -> its confirmation (the same summary `show` and `export` use)."""
+    trials = store.trials(study.id) if trials is None else trials
+    return summarize_confirmations(study, trials, store.confirmations(study.id))
+
+
+def verdict_line(trials: Sequence[TrialRecord], confirmed: dict[int, Confirmed], number: int) -> str:
+    """Trial `number` against the baseline, in one line: the interval of every objective, or why there
+    is no verdict."""
+    c = confirmed.get(number)
+    if c is None:
+        return NOT_CONFIRMED
+    baseline = next((t for t in trials if t.role == "baseline"), None)
+    if baseline is not None and baseline.number == number:
+        return "this is the baseline (vLLM's defaults)"
+    if not c.survives:
+        return f"{'pending' if c.pending else 'left the front'}: {c.why_not}"
+    if not c.verdicts:
+        return "no confirmed baseline: no verdict against vLLM's defaults"
+    return "; ".join(v.text() for v in c.verdicts)
+
+
+def repeat_values(c: Confirmed, objective: str) -> dict[int, float]:
+    """Round -> the value a repeat of that round measured (failed repeats have none)."""
+    return {r.round: float(r.objectives[objective]) for r in c.rows
+            if r.state != "failed" and (r.objectives or {}).get(objective) is not None}
+
+
+def gain(a: Confirmed | None, b: Confirmed | None, objective: str, direction: str) -> ObjectiveVerdict | None:
+    """B against A on one objective, paired by round (the rounds share their prompts), with the same
+    interval and noise rule as the verdict against the baseline."""
+    if a is None or b is None:
+        return None
+    va, vb = repeat_values(a, objective), repeat_values(b, objective)
+    pairs = [(va[r], vb[r]) for r in sorted(va.keys() & vb.keys())]
+    return objective_verdict(objective, direction, pairs, list(va.values()), list(vb.values()))

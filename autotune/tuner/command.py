@@ -207,6 +207,9 @@ def run_command(args: argparse.Namespace) -> int:
     parallel = getattr(args, "parallel", 1) or 1
     if parallel < 1:
         raise UserError("--parallel must be at least 1")
+    report = getattr(args, "report", None)
+    if report and not Path(report).resolve().parent.is_dir():
+        raise UserError(f"--report {report}: folder {Path(report).parent} does not exist")
     parts = prepare(args)
     spec: StudySpec = parts["spec"]
     driver = StudyDriver(**parts, live=False if args.no_progress else None, started=started)
@@ -216,6 +219,9 @@ def run_command(args: argparse.Namespace) -> int:
     scheduler.add(driver)
     scheduler.run_until_done()
     result = driver.result()
+    if report:
+        from autotune.report.html import write_report
+        print(f"report: {write_report(spec.storage_url, spec.name, report)}")
     msg = (f"study {spec.name}: {result.complete} complete trial(s), {result.feasible} feasible; "
            f"storage {mask_url(spec.storage_url)}")
     if result.stopped_by:

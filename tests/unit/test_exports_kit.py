@@ -180,51 +180,31 @@ def test_diff_puts_flags_and_measurements_side_by_side(tmp_path, capsys):
 
 
 def _add_confirmations(store, study, rows):
-    with store.engine.begin() as c:
-        c.execute(text("CREATE TABLE autotune_confirmations (id INTEGER PRIMARY KEY, trial_id INTEGER, "
-                       "round INTEGER, state VARCHAR, objectives JSON)"))
-        c.execute(text("ALTER TABLE autotune_trials ADD COLUMN measurement_flags JSON"))
-        c.execute(text("UPDATE autotune_trials SET measurement_flags = '[\"prefix_hits\"]' WHERE number = 1"))
-        ids = {t.number: t.id for t in store.trials(study.id)}
-        for number, rnd, state, cap in rows:
-            c.execute(text("INSERT INTO autotune_confirmations (trial_id, round, state, objectives) "
-                           "VALUES (:t, :r, :s, :o)"),
-                      {"t": ids[number], "r": rnd, "s": state,
-                       "o": json.dumps({"capacity_tps": cap, "p50_tpot_ms": 20.0} if cap else {})})
+    store.save_trial(study.id, 1, measurement_flags=["prefix_hits"])
+    ids = {t.number: t.id for t in store.trials(study.id)}
+    for number, rnd, state, cap in rows:
+        store.save_confirmation(study_id=study.id, trial_id=ids[number], round=rnd, position=number, seed=rnd,
+                                state=state, objectives={"capacity_tps": cap, "p50_tpot_ms": 20.0} if cap else {},
+                                capacity={"mode": "concurrency", "capacity": 21.0 if number else 10.0})
 
 
 def test_confirmations_absent_mean_not_confirmed_and_present_give_the_paired_gain(tmp_path, capsys):
     store, study = _store(tmp_path)
-    assert conf.confirmations(store.engine, study) == {} and conf.measurement_flags(store.engine, study) == {}
-    assert conf.verdict(study, None, None) == "not confirmed"
-    _add_confirmations(store, study, [(0, 1, "ok", 100.0), (1, 1, "ok", 150.0), (0, 2, "ok", 110.0),
-                                      (1, 2, "ok", 176.0), (0, 3, "ok", 90.0), (1, 3, "ok", 126.0),
-                                      (1, 4, "failed", None)])
-    confirms = conf.confirmations(store.engine, study)
-    assert confirms[1].values["capacity_tps"] == [150.0, 176.0, 126.0] and confirms[1].failed == 1
-    assert confirms[1].median("capacity_tps") == 150.0 and confirms[1].repeats == 4
-    g = conf.gain(confirms[0], confirms[1], "capacity_tps")
-    assert (g.ratio, g.low, g.high, g.rounds) == (pytest.approx(1.5), pytest.approx(1.4), pytest.approx(1.6), 3)
-    assert g.beyond_noise(maximize=True)
-    assert "gain beyond noise" in conf.verdict(study, confirms[0], confirms[1])
-    assert conf.measurement_flags(store.engine, study) == {1: ["prefix_hits"]}
     trials = store.trials(study.id)
+    assert conf.by_trial(store, study) == {}
+    assert conf.verdict_line(trials, {}, 1) == conf.NOT_CONFIRMED
+    _add_confirmations(store, study, [(0, 0, "ok", 100.0), (1, 0, "ok", 150.0), (0, 1, "ok", 110.0),
+                                      (1, 1, "ok", 176.0), (0, 2, "ok", 90.0), (1, 2, "ok", 126.0)])
+    confirms = conf.by_trial(store, study)
+    assert confirms[1].medians["capacity_tps"] == 150.0 and len(confirms[1].rows) == 3
+    g = conf.gain(confirms[0], confirms[1], "capacity_tps", "maximize")
+    # per-round ratios 1.5, 1.6, 1.4: geometric mean 1.4978, a 95 % t interval on the logs (t = 4.303 at 3 rounds)
+    assert g.interval.rounds == 3 and g.interval.ratio == pytest.approx(1.4978, abs=1e-3)
+    assert (g.interval.low, g.interval.high) == (pytest.approx(1.2688, abs=1e-3), pytest.approx(1.7681, abs=1e-3))
+    assert g.beyond_noise
+    trials = store.trials(study.id)
+    assert "better" in conf.verdict_line(trials, confirms, 1)
     row = next(r for r in compare(study, trials[0], trials[1], confirms)["measures"] if r["measure"] == "capacity_tps")
-    assert row["confirmed_gain"]["low"] == pytest.approx(1.4) and row["confirmed_b"] == 150.0
+    assert row["confirmed_gain"]["low"] == pytest.approx(1.2688, abs=1e-3) and row["confirmed_b"] == 150.0
     assert main(["export", "--storage", store.url, "--format", "docker", "-o", "-"]) == 0
-    assert "# verdict against the defaults: capacity_tps against the baseline: x1.500 [1.400, 1.600]" in \
-        capsys.readouterr().out
-
-
-def test_confirmations_linked_by_study_and_trial_number(tmp_path):
-    store, study = _store(tmp_path)
-    with store.engine.begin() as c:
-        c.execute(text("CREATE TABLE autotune_confirmations (id INTEGER PRIMARY KEY, study_id INTEGER, "
-                       "trial_number INTEGER, \"values\" JSON, verdict VARCHAR)"))
-        for cap in (170.0, 190.0, 185.0):
-            c.execute(text("INSERT INTO autotune_confirmations (study_id, trial_number, \"values\", verdict) "
-                           "VALUES (:s, 1, :v, 'no gain beyond noise')"),
-                      {"s": study.id, "v": json.dumps({"capacity_tps": cap, "p50_tpot_ms": 20.0})})
-    confirms = conf.confirmations(store.engine, study)
-    assert list(confirms) == [1] and confirms[1].median("capacity_tps") == 185.0
-    assert conf.verdict(study, None, confirms[1]) == "no gain beyond noise"     # the stored verdict wins
+    assert "# verdict against the defaults: capacity_tps x1.498 [1.269, 1.768]" in capsys.readouterr().out

@@ -7,6 +7,10 @@ known so far); head-of-line reservation: when the first study in line has a cand
 fit the free slots, nothing behind it leases until it fits, so a large layout is not starved by a
 stream of small ones (no backfill: trial lengths are not known in advance). A worker thread lives exactly as
 long as its trial, which is what the servers' parent-death signal needs (engine/process.py).
+
+A study's after-budget steps (its confirmation, the daemon's report) are one more job of the same kind:
+once the study is done, it waits in line for a lease (the GPUs its repeats need), runs in a worker
+thread behind a gate, and the study is closed only after it ends. The main loop never blocks on it.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from autotune.tuner.trial import TrialOutcome
 
 log = logging.getLogger(__name__)
 _STOP_WAIT_S = 120.0      # how long interrupted workers get to stop their servers
+AFTER_BUDGET = "after-budget"    # the role of a study's after-budget job (no Optuna trial behind it)
 
 
 class _signals(_interrupts):
@@ -169,9 +174,7 @@ class Scheduler:
                 stop.wait(min(5.0, 10 * self.poll_s))
             stop.wait(self.poll_s)
         for e in self._entries:
-            if e.pending is not None:
-                e.driver.interrupt(e.pending, "drain")
-                e.pending = None
+            self._drop_pending(e, "drain")
         end = time.monotonic() + grace_s
         while self._workers and time.monotonic() < end:
             self._tick(leasing=False)
@@ -192,8 +195,7 @@ class Scheduler:
         self._reap()
         for e in list(self._entries):
             if e.pending is not None and e.driver.cancelled:
-                job, e.pending = e.pending, None
-                e.driver.interrupt(job, "cancel")
+                self._drop_pending(e, "cancel")
         now = time.monotonic()
         if now - self._last_recover >= self.recover_every_s:
             self._last_recover = now
@@ -207,11 +209,30 @@ class Scheduler:
             self._launch()
 
     def _finished_entries(self) -> list[_Entry]:
-        """Studies with nothing pending or running that are done. Closing one may run its after-budget
-        steps (the confirmation: minutes), so it happens outside the critical section, where a signal
-        or the deadline can still interrupt it."""
-        return [e for e in list(self._entries)
-                if e.pending is None and e.driver.done() and not self._has_workers(e)]
+        """Studies with nothing pending or running that are done, their after-budget job included."""
+        return [e for e in list(self._entries) if e.pending is None and e.driver.done()
+                and not self._has_workers(e) and not e.driver.after_budget_due()]
+
+    def _after_budget_job(self, e: _Entry) -> TrialJob | None:
+        """The study's after-budget job, when it is due (done, nothing of it running here). It leases the
+        GPUs its steps ask for on a GPU host, one slot on virtual ones (CPU build, simulator)."""
+        d = e.driver
+        if self._has_workers(e) or not d.after_budget_due():
+            return None
+        n = d.after_budget_gpus() if self.pool.physical else 1
+        return TrialJob(study=d.name, number=-1, trial_id=-1, role=AFTER_BUDGET, params={}, flags=[], n_gpus=n,
+                        exclusive=bool(getattr(d.spec, "exclusive", False)))
+
+    def _drop_pending(self, e: _Entry, reason: str) -> None:
+        """A job waiting for slots that will not start: a trial is re-queued; an after-budget job is left
+        for the next run (its study records the stop, unless it was cancelled)."""
+        job, e.pending = e.pending, None
+        if job is None:
+            return
+        if job.role != AFTER_BUDGET:
+            e.driver.interrupt(job, reason)
+        elif reason != "cancel" and e.driver.stop_reason is None:
+            e.driver.stop_reason = reason
 
     def _has_workers(self, e: _Entry) -> bool:
         return any(w.entry is e for w in self._workers.values())
@@ -232,9 +253,11 @@ class Scheduler:
                 if e.pending is None:
                     if not self.pool.free():
                         return              # nothing can start: ask later, with more results known
-                    if not e.driver.wants_trial():
-                        break
-                    e.pending = e.driver.next_job()
+                    e.pending = self._after_budget_job(e)
+                    if e.pending is None:
+                        if not e.driver.wants_trial():
+                            break
+                        e.pending = e.driver.next_job()
                     e.waiting_since = time.monotonic()
                     if e.pending is None:
                         continue            # a free check rejected it (told); ask again
@@ -244,8 +267,12 @@ class Scheduler:
                 n = job.n_gpus if self.pool.physical else min(job.n_gpus, len(self.pool.slots))
                 if n > len(self.pool.slots):
                     e.pending = None
-                    e.driver.finish(job, None, TrialOutcome(
-                        "failed", causes.CONSTRAINT, f"needs {n} GPUs; this host's pool has {len(self.pool.slots)}"))
+                    why = f"needs {n} GPUs; this host's pool has {len(self.pool.slots)}"
+                    if job.role == AFTER_BUDGET:    # left for a host that has them
+                        e.driver.after_budget_started = e.driver.after_budget_finished = True
+                        e.driver.progress.message(f"after-budget steps not run here: {why}")
+                    else:
+                        e.driver.finish(job, None, TrialOutcome("failed", causes.CONSTRAINT, why))
                     continue
                 lease = self.pool.try_lease(n, exclusive=job.exclusive)
                 if lease is None:
@@ -261,11 +288,24 @@ class Scheduler:
 
     def _start(self, e: _Entry, job: TrialJob, lease: Lease) -> None:
         w = _Worker(e, job, lease)
-        record = e.driver.phase_for(job)
+        record = e.driver.phase_for(job) if job.role != AFTER_BUDGET else e.driver.progress.phase
 
         def phase(text: str) -> None:
             w.phase = text
             record(text)
+
+        def after_budget() -> None:
+            set_gate(w.gate)
+            try:
+                e.driver.run_after_budget(lease, phase)
+            except Interrupted as exc:              # the rows stored so far stay: the next run continues
+                e.driver.stop_reason = e.driver.stop_reason or exc.reason
+            except Exception:                       # a bug in a step: record it, close the study anyway
+                log.error("after-budget steps of %s: %s", job.study, traceback.format_exc())
+                e.driver.after_budget_finished = True     # not retried forever by a daemon
+            finally:
+                set_gate(None)
+                self._finished.put(w)
 
         def body() -> None:
             set_gate(w.gate)
@@ -287,7 +327,9 @@ class Scheduler:
 
         with self._lock:
             self._workers[(job.study, job.number)] = w
-        w.thread = threading.Thread(target=body, name=f"trial-{job.study}-{job.number}", daemon=True)
+        w.thread = threading.Thread(target=after_budget if job.role == AFTER_BUDGET else body, daemon=True,
+                                    name=f"{AFTER_BUDGET}-{job.study}" if job.role == AFTER_BUDGET
+                                    else f"trial-{job.study}-{job.number}")
         w.thread.start()
 
     def _reap(self) -> None:
@@ -306,15 +348,13 @@ class Scheduler:
         """A trial another process has failed (our heartbeats did not reach the database in time) is
         stopped: its parameters were already re-queued by that process."""
         for w in list(self._workers.values()):
-            if not w.entry.driver.still_ours(w.job):
+            if w.job.role != AFTER_BUDGET and not w.entry.driver.still_ours(w.job):
                 w.gate.interrupt("lost")
 
     def _stop_all(self, reason: str) -> None:
         """Interrupt every running trial and wait for their servers to stop; pending jobs re-queued."""
         for e in self._entries:
-            if e.pending is not None:
-                e.driver.interrupt(e.pending, reason)
-                e.pending = None
+            self._drop_pending(e, reason)
         for w in list(self._workers.values()):
             w.gate.interrupt(reason)
         end = time.monotonic() + _STOP_WAIT_S
@@ -338,7 +378,7 @@ class Scheduler:
         return {
             "host": self.pool.host,
             "pool": {"slots": list(self.pool.slots), "free": list(self.pool.free()), "physical": self.pool.physical},
-            "running": [{"study": w.job.study, "trial": w.job.number, "role": w.job.role, "slots": list(w.lease.slots),
+            "running": [{"study": w.job.study, "trial": w.job.number if w.job.number >= 0 else None, "role": w.job.role, "slots": list(w.lease.slots),
                          "gpus": list(w.lease.gpus), "cores": list(w.lease.cores), "port": w.lease.port,
                          "phase": w.phase, "running_s": round(time.time() - w.started, 1)} for w in workers],
             "studies": [{"name": e.driver.name, "priority": e.priority, "n_trials": e.driver.n_trials,

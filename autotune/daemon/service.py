@@ -157,6 +157,7 @@ class Daemon:
         return True
 
     def _take(self, e: Entry) -> None:
+        from autotune.tuner.after_budget import register as register_after_budget
         from autotune.tuner.command import prepare_spec
 
         try:
@@ -174,6 +175,9 @@ class Daemon:
         # trial logs in a folder per host: LOG_ROOT/HOST/STUDY/trial-NNNN.log
         driver.log_dir = driver.runner.log_dir = self.log_dir / e.name
         driver.log_dir.mkdir(parents=True, exist_ok=True)
+        # once it has its trials: the confirmation (when its spec enables it), then LOG_DIR/report.html,
+        # as a job of the scheduler beside the other studies' trials
+        register_after_budget(driver, report=driver.log_dir / "report.html", say=self.say)
         self.held[e.name] = Held(e, driver)
         self.scheduler.add(driver, priority=e.priority)
         self.say(f"took {e.name} (priority {e.priority}, {e.n_trials} trials"
@@ -203,7 +207,9 @@ class Daemon:
         if entry is None and not held.stopped:    # done or cancelled elsewhere
             self._stop(held, now=False, why="left the queue")
         if name not in self.scheduler.studies() and driver.done():   # the scheduler has closed it
-            if driver.budget_reached() and self.queue.finish(name, f"{driver.n_trials} trial(s) complete"):
+            # a confirmation cut by the drain keeps the study queued: the next daemon continues it
+            finished = driver.after_budget_finished or not driver.after_budget
+            if driver.budget_reached() and finished and self.queue.finish(name, f"{driver.n_trials} trial(s) complete"):
                 self.say(f"{name}: done, {driver.n_trials} trial(s) complete")
             del self.held[name]
 

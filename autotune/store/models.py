@@ -109,6 +109,7 @@ class ConfirmationRecord(Base):
     measurement_flags: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
     simulated: Mapped[bool] = mapped_column(default=False)
     log_path: Mapped[str | None] = mapped_column(Text, nullable=True)
+    lease: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)   # the after-budget job's lease
     started_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
     finished_at: Mapped[dt.datetime | None] = mapped_column(DateTime, nullable=True)
 

@@ -201,6 +201,7 @@ def host_pool(spec: StudySpec, parallel: int) -> GpuPool:
 
 def run_command(args: argparse.Namespace) -> int:
     from autotune.daemon.scheduler import Scheduler
+    from autotune.tuner.after_budget import register as register_after_budget
     from autotune.tuner.driver import StudyDriver
 
     started = time.monotonic()
@@ -213,8 +214,7 @@ def run_command(args: argparse.Namespace) -> int:
     parts = prepare(args)
     spec: StudySpec = parts["spec"]
     driver = StudyDriver(**parts, live=False if args.no_progress else None, started=started)
-    if spec.confirm.enabled:
-        driver.after_budget.append(confirm_step)
+    register_after_budget(driver)   # the confirmation (when enabled): a job of the scheduler
     scheduler = Scheduler(host_pool(spec, parallel), parallel=parallel)
     scheduler.add(driver)
     scheduler.run_until_done()
@@ -230,25 +230,3 @@ def run_command(args: argparse.Namespace) -> int:
     if result.stopped_by in ("SIGINT", "SIGTERM"):
         return 130 if result.stopped_by == "SIGINT" else 143
     return 0
-
-
-
-def confirm_step(driver: Any) -> None:
-    """The driver's after-budget step for `run`: confirm the winners against the baseline (issue 11)
-    on the study's own GPUs, in the main thread, where Ctrl-C, SIGTERM and --timeout still reach it."""
-    from autotune.tuner.confirm import confirm_study
-    from autotune.tuner.driver import expected_trial_s
-
-    from autotune.tuner.interrupts import Interrupted
-
-    spec = driver.spec
-    try:
-        result = confirm_study(spec, driver.store, driver.record, driver.runner, top_k=spec.confirm.top_k,
-                               repeats=spec.confirm.repeats, phase=driver.progress.phase,
-                               say=driver.progress.message, deadline=driver.deadline,
-                               expected_s=expected_trial_s(driver.store.trials(driver.record.id)) or 0.0)
-    except Interrupted as e:
-        driver.stop_reason = e.reason     # the exit code says it; the same command resumes the confirmation
-        raise
-    if result.stopped_by:
-        driver.stop_reason = result.stopped_by

@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+from autotune.daemon.pool import Lease
 from autotune.spec import StudySpec
 from autotune.store.models import StudyRecord, TrialRecord, utcnow
 from autotune.store.queries import best_trial, is_feasible, pareto_front
@@ -76,9 +77,10 @@ class ConfirmResult:
 
 def confirm_study(spec: StudySpec, store: ResultStore, study: StudyRecord, runner: TrialRunner, *,
                   top_k: int, repeats: int, phase: Callable[[str], None], say: Callable[[str], None],
-                  deadline: float | None = None, expected_s: float = 0.0) -> ConfirmResult:
+                  deadline: float | None = None, expected_s: float = 0.0, lease: Lease | None = None) -> ConfirmResult:
     """Run the missing repeats of the top candidates and the baseline; rows already stored (an earlier,
-    interrupted confirmation) are kept. Interrupts propagate after the running server is stopped."""
+    interrupted confirmation) are kept. Interrupts propagate after the running server is stopped. With a
+    `lease` (the scheduler's after-budget job), every repeat's server gets its GPUs, ports and cores."""
     trials = store.trials(study.id)
     baseline = next((t for t in trials if t.role == "baseline" and is_feasible(t)), None)
     candidates = pick_candidates(study, trials, top_k)
@@ -100,11 +102,12 @@ def confirm_study(spec: StudySpec, store: ResultStore, study: StudyRecord, runne
         seed = round_seed(spec.seed, r)
         say(f"[confirm {r + 1}/{repeats}] trial {t.number} ({t.role}), seed {seed}")
         started = utcnow()
-        outcome = runner.run(t.number, t.flags, [], phase, seed=seed,
+        outcome = runner.run(t.number, t.flags, [], phase, lease=lease, seed=seed,
                              log_name=f"confirm-{t.number:04d}-r{r}.log")
         row = _row(spec, outcome)
         store.save_confirmation(study_id=study.id, trial_id=t.id, round=r, position=pos, seed=seed,
-                                started_at=started, finished_at=utcnow(), **row)
+                                started_at=started, finished_at=utcnow(),
+                                lease=lease.to_json() if lease is not None else None, **row)
         done += 1
         shown = ", ".join(f"{k}={v:.4g}" for k, v in row["objectives"].items())
         say(f"[confirm {r + 1}/{repeats}] trial {t.number}: {row['state']}"

@@ -6,8 +6,9 @@ Extension points for other parts of the tuner (docs/SCHEDULER.md, "Hooks"):
 - `before_launch`: checks run on a candidate after the free checks and before it gets GPUs; the first
   that returns a TrialOutcome rejects it (told as failed, never launched).
 - `after_tell`: steps run after every trial is told (e.g. a warm start once the baseline is in).
-- `after_budget`: steps run once, in the main thread, when the study reaches its trials (e.g. the
-  confirmation of the winner) before the driver closes.
+- `after_budget`: steps run once when the study reaches its trials (the confirmation of the winner,
+  the daemon's report), as one job of the scheduler: in a worker thread holding a lease, interruptible
+  like a trial; the driver is closed after that job ends.
 """
 
 from __future__ import annotations
@@ -80,7 +81,17 @@ class TrialJob:
 
 LaunchCheck = Callable[["StudyDriver", TrialJob], "TrialOutcome | None"]
 TellHook = Callable[["StudyDriver", TrialJob, TrialOutcome], None]
-BudgetStep = Callable[["StudyDriver"], None]
+
+
+@dataclass
+class BudgetStep:
+    """One after-budget step. `run(driver, lease, phase)` runs in the scheduler's worker thread with the
+    job's lease (a confirmation's servers take its GPUs, ports and cores); `n_gpus(driver)`, when given,
+    is how many GPUs it needs (the largest layout it will launch), asked when the job is about to lease."""
+
+    name: str
+    run: Callable[["StudyDriver", Lease, Phase], None]
+    n_gpus: Callable[["StudyDriver"], int] | None = None
 
 
 def expected_trial_s(records: Sequence[Any]) -> float | None:
@@ -149,6 +160,9 @@ class StudyDriver:
         self.before_launch: list[LaunchCheck] = []
         self.after_tell: list[TellHook] = []
         self.after_budget: list[BudgetStep] = []
+        self.after_budget_started = False     # the scheduler took the after-budget job (it runs once)
+        self.after_budget_finished = False    # ended for good: every step returned, or an error was logged
+        #                                       (not when interrupted: the next run continues them)
         self._running: dict[int, TrialJob] = {}
         self._lock = threading.RLock()
         self._own_heartbeats = False
@@ -486,13 +500,32 @@ class StudyDriver:
                 out.append(t)
         return out
 
+    def after_budget_due(self) -> bool:
+        """The after-budget steps are still to run here: the study reached its trials (not stopped, not
+        cancelled) and the scheduler has not taken them yet."""
+        return (self._opened and bool(self.after_budget) and not self.after_budget_started
+                and self.stop_reason is None and not self.cancelled and not self._running and self.budget_reached())
+
+    def after_budget_gpus(self) -> int:
+        """GPUs the after-budget job leases: the largest its steps ask for, else the study's usual layout."""
+        return max([s.n_gpus(self) for s in self.after_budget if s.n_gpus is not None] or [self.usual_gpus()])
+
+    def usual_gpus(self) -> int:
+        """The study's own layout: the fixed flags with the baseline's."""
+        return layout_gpus([*self.fixed_flags, *mapping_to_flags(self.spec.baseline or {})])
+
+    def run_after_budget(self, lease: Lease, phase: Phase) -> None:
+        """Worker thread: the steps in order. Interrupted propagates (the scheduler records it as the stop
+        reason); rows the steps already stored stay, so the next run continues where this one stopped."""
+        self.after_budget_started = True
+        for step in self.after_budget:
+            step.run(self, lease, phase)
+        self.after_budget_finished = True
+
     def close(self) -> StudyResult:
-        """Run the after-budget steps (once the study reached its trials), keep the best series, and
-        stop beating for this study."""
+        """Keep the best series and stop beating for this study. The after-budget steps ran before, as
+        the scheduler's job (`run_after_budget`)."""
         try:
-            if self._opened and self.budget_reached() and self.stop_reason is None and not self.cancelled:
-                for step in self.after_budget:
-                    step(self)
             if self._opened:
                 self._keep_best_series()
         finally:
@@ -515,5 +548,5 @@ class StudyDriver:
 
 _first_to_create = first_to_create   # the name daemon/queue.py imports (moved to tuner/sharing.py)
 
-__all__ = ["StudyDriver", "StudyResult", "TrialJob", "expected_trial_s", "layout_gpus", "log_dir_for",
+__all__ = ["BudgetStep", "StudyDriver", "StudyResult", "TrialJob", "expected_trial_s", "layout_gpus", "log_dir_for",
            "make_sampler", "sampler_seed", "Interrupted"]

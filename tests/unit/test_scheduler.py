@@ -7,6 +7,7 @@ import os
 import signal
 import threading
 import time
+from types import SimpleNamespace
 from typing import Any
 
 from autotune.daemon.pool import GpuPool, Lease
@@ -22,7 +23,8 @@ class FakeDriver:
     """The parts of StudyDriver the scheduler calls; each job holds its lease for `durations[i]`."""
 
     def __init__(self, name: str, n_gpus: int, durations: list[float], arrive_s: float = 0.0,
-                 exclusive: bool = False, log: list | None = None) -> None:
+                 exclusive: bool = False, log: list | None = None, after_budget_s: float | None = None,
+                 after_budget_gpus: int = 1) -> None:
         self.name, self.n_gpus, self.durations, self.arrive_s = name, n_gpus, list(durations), arrive_s
         self.exclusive = exclusive
         self.log = log if log is not None else []
@@ -38,6 +40,10 @@ class FakeDriver:
         self.finished: list[int] = []
         self.closed = False
         self._lock = threading.Lock()
+        self.after_budget_s, self.budget_gpus = after_budget_s, after_budget_gpus   # None: no after-budget steps
+        self.after_budget_started = self.after_budget_finished = False
+        self.progress = SimpleNamespace(phase=lambda text: None, message=lambda text: None)
+        self.spec = SimpleNamespace(exclusive=exclusive)
 
     def wants_trial(self) -> bool:
         return (not self.cancelled and self.asked < len(self.durations)
@@ -74,6 +80,26 @@ class FakeDriver:
 
     def recover(self) -> None:
         pass
+
+    def after_budget_due(self) -> bool:
+        return (self.after_budget_s is not None and not self.after_budget_started and not self.cancelled
+                and self.stop_reason is None and len(self.finished) >= len(self.durations) and self.running == 0)
+
+    def after_budget_gpus(self) -> int:
+        return self.budget_gpus
+
+    def run_after_budget(self, lease: Lease, phase: Any) -> None:
+        """Like a confirmation: holds its lease for `after_budget_s`, interruptible by the gate."""
+        self.after_budget_started = True
+        self.log.append(("start", self.name, -1, time.monotonic() - T0, lease.slots))
+        try:
+            with interruptible():
+                end = time.monotonic() + (self.after_budget_s or 0.0)
+                while time.monotonic() < end:
+                    time.sleep(0.01)
+        finally:
+            self.log.append(("end", self.name, -1, time.monotonic() - T0, lease.slots))
+        self.after_budget_finished = True
 
     def still_ours(self, job: TrialJob) -> bool:
         return True
@@ -197,3 +223,56 @@ def test_serve_drains_within_grace_then_interrupts() -> None:
 
 def snapshot_ok(snap: dict) -> bool:
     return snap["running"] == [] and snap["pool"]["free"] == [0, 1] and snap["host"] == "h"
+
+
+def test_after_budget_job_holds_a_lease_beside_other_studies_trials() -> None:
+    """Study a's after-budget job (its confirmation) leases a slot in a worker thread: b's trials keep
+    starting while it runs, and a is closed only after it ends."""
+    log: list = []
+    a = FakeDriver("a", 1, [0.05], log=log, after_budget_s=0.6)
+    b = FakeDriver("b", 1, [0.1] * 6, arrive_s=0.1, log=log)
+    sched = _two_studies(a, b)
+    assert sched.run_until_done() is None
+    job = [(e[0], e[3], e[4]) for e in log if e[1] == "a" and e[2] == -1]
+    assert [k for k, _, _ in job] == ["start", "end"] and len(job[0][2]) == 1
+    start, end = job[0][1], job[1][1]
+    inside = [e for e in log if e[1] == "b" and e[0] == "start" and start < e[3] < end]
+    assert len(inside) >= 2, f"b's trials did not start while a's after-budget job ran: {log}"
+    assert a.after_budget_finished and a.closed and [d.name for d, _ in sched.closed][-1] == "b"
+    _never_overlapping(log)
+    assert sched.pool.free() == (0, 1)
+
+
+def test_sigterm_interrupts_the_after_budget_job_and_keeps_it_for_the_next_run() -> None:
+    global T0
+    T0 = time.monotonic()
+    d = FakeDriver("s", 1, [0.05], after_budget_s=30.0)
+    sched = Scheduler(GpuPool([0, 1], physical=False, cores=[0], host="h"), parallel=2, poll_s=0.01)
+    sched.add(d)
+    threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
+    t = time.monotonic()
+    assert sched.run_until_done() == "SIGTERM"
+    assert time.monotonic() - t < 3.0
+    assert d.after_budget_started and not d.after_budget_finished and d.stop_reason == "SIGTERM" and d.closed
+    assert sched.pool.free() == (0, 1)
+
+
+def test_drain_gives_the_after_budget_job_its_grace_then_interrupts_it() -> None:
+    a, b = FakeDriver("a", 1, [0.05], after_budget_s=30.0), FakeDriver("b", 1, [])
+    sched = _two_studies(a, b)
+    stop = threading.Event()
+    threading.Timer(0.3, stop.set).start()
+    t = time.monotonic()
+    sched.serve(stop, grace_s=0.5)
+    took = time.monotonic() - t
+    assert 0.7 < took < 3.0, took
+    assert a.after_budget_started and not a.after_budget_finished and a.stop_reason == "drain" and a.closed
+
+
+def test_an_after_budget_job_that_fits_no_pool_is_skipped_not_retried() -> None:
+    d = FakeDriver("s", 1, [0.05], after_budget_s=1.0, after_budget_gpus=4)
+    sched = Scheduler(GpuPool([0, 1], physical=True, cores=[0], host="h"), poll_s=0.01)
+    sched.add(d)
+    assert sched.run_until_done() is None
+    assert d.after_budget_started and d.after_budget_finished and d.closed
+    assert not any(e[2] == -1 for e in d.log)

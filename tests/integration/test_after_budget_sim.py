@@ -1,0 +1,146 @@
+"""A study's after-budget steps (its confirmation, the daemon's report) as a job of the scheduler, on the
+labelled simulator (real processes, HTTP and SQLite): the confirmation's repeats run inside a lease;
+SIGTERM stops `run` at once in the middle of one and the next run finishes it; in the daemon, another
+study's trials keep starting while a study confirms, and the finished study's report is written."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import signal
+import sqlite3
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+
+from autotune.daemon.queue import StudyQueue
+from autotune.engine.process import find_free_port
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _spec(tmp_path: Path, name: str, *, confirm: bool = True, requests_per_step: int = 40) -> Path:
+    spec = {
+        "name": name, "model": "llama-3.1-8b",
+        "engine": {"kind": "sim", "gpu": "H100", "num_gpus": 1, "time_scale": 40,
+                   "extra_flags": ["--max-model-len", "4096"], "startup_timeout_s": 60},
+        "search_space": "default",
+        "workload": {"kind": "random", "input_len": 512, "output_len": 64},
+        "slo": "ttft:p99<=1s",
+        "load": {"mode": "capacity", "search": "concurrency", "max_steps": 3, "requests_per_step": requests_per_step,
+                 "warmup": 2},
+        "telemetry": {"source": "sim", "hz": 5},
+        "confirm": {"enabled": confirm, "top_k": 1, "repeats": 3},
+        "storage": f"sqlite:///{tmp_path}/{name}.db",
+    }
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def _q(db: Path, sql: str) -> list[tuple]:
+    with sqlite3.connect(db) as conn:
+        return conn.execute(sql).fetchall()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _confirming(lines: list[str]) -> bool:
+    """A confirmation repeat is in its capacity search now (its server is up)."""
+    heads = [i for i, line in enumerate(lines) if line.startswith("[confirm ")]
+    return bool(heads) and any("capacity search" in line for line in lines[heads[-1] + 1:])
+
+
+def test_run_confirms_inside_a_lease_and_sigterm_stops_it(autotune_run, servers_in, tmp_path: Path) -> None:
+    spec, db = _spec(tmp_path, "conf", requests_per_step=200), tmp_path / "conf.db"
+    args = ["run", "--study", str(spec), "--n-trials", "2", "--gpus", "0-1", "--parallel", "2", "--no-progress"]
+    run = autotune_run(args, tmp_path)
+    run.wait_for(_confirming, 240)
+    signalled = time.monotonic()
+    run.proc.send_signal(signal.SIGTERM)
+    assert run.finish(60) == 143, "\n".join(run.lines)
+    assert time.monotonic() - signalled < 20
+    assert "stopped by SIGTERM" in run.lines[-1] and not any("Traceback" in line for line in run.lines), \
+        "\n".join(run.lines)
+    servers = [pid for (pid,) in _q(db, "select pid from autotune_processes")]
+    assert len(servers) >= 3 and not [p for p in servers if _alive(p)]     # 2 trials + the cut repeat
+    assert not servers_in(tmp_path, "sim-serve")
+    kept = _q(db, "select count(*) from autotune_confirmations")[0][0]
+    assert kept < 6                                                         # cut in the middle
+    assert _q(db, "select count(*) from trials where state = 'COMPLETE'") == [(2,)]
+
+    # the same command: no new trial; the confirmation continues from the rows kept and finishes
+    run = autotune_run(args, tmp_path)
+    assert run.finish(300) == 0, "\n".join(run.lines)
+    assert any(f"({6 - kept} repeat(s) to run)" in line for line in run.lines), "\n".join(run.lines)
+    assert _q(db, "select count(*) from trials where state = 'COMPLETE'") == [(2,)]
+    rows = _q(db, "select lease, log_path from autotune_confirmations order by round, position")
+    assert len(rows) == 6
+    for lease_json, log_path in rows:        # every repeat ran inside the job's lease: one virtual slot
+        lease = json.loads(lease_json)
+        assert lease["gpus"] == [] and len(lease["slots"]) == 1 and set(lease["slots"]) <= {0, 1}
+        assert lease["cores"] and lease["port"] >= 1024
+        assert Path(log_path).is_file() and Path(log_path).name.startswith("confirm-")
+        assert f"--port {lease['port']}" in Path(log_path).read_text()    # the server took the lease's port
+    assert not servers_in(tmp_path, "sim-serve")
+
+
+def _ts(text: str) -> dt.datetime:
+    return dt.datetime.fromisoformat(text)
+
+
+@pytest.fixture()
+def env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    monkeypatch.setenv("AUTOTUNE_HEARTBEAT_S", "1")
+    monkeypatch.setenv("AUTOTUNE_HOST", "hostA")
+
+
+def test_daemon_schedules_beside_a_confirmation_and_writes_the_report(env: None, autotune_run, servers_in,
+                                                                       tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    url = f"sqlite:///{tmp_path / 'q.db'}"
+    for name, n, prio in (("a", "2", "5"), ("b", "40", "0")):
+        p = subprocess.run([sys.executable, "-m", "autotune", "submit", str(_spec(tmp_path, name, confirm=name == "a")),
+                            "--n-trials", n, "--priority", prio, "--storage", url],
+                           capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        assert p.returncode == 0, p.stderr
+    d = autotune_run(["daemon", "--gpus", "0-1", "--storage", url, "--poll", "0.5", "--log-dir", str(tmp_path / "logs"),
+                      "--listen", f"127.0.0.1:{find_free_port()}"], tmp_path)
+    queue = StudyQueue(url, create=False)
+    end = time.monotonic() + 300
+    while queue.entry("a").state != "done":
+        assert time.monotonic() < end and d.proc.poll() is None, "\n".join(d.lines[-40:])
+        time.sleep(0.5)
+    report = tmp_path / "logs" / "hostA" / "a" / "report.html"
+    assert report.is_file() and "<html" in report.read_text().lower()
+    assert any(line.endswith(f"a: report {report}") for line in d.lines), "\n".join(d.lines[-40:])
+    d.proc.send_signal(signal.SIGTERM)
+    assert d.finish(90) == 0, "\n".join(d.lines[-30:])
+    assert not any("Traceback" in line for line in d.lines), "\n".join(d.lines)
+
+    db = tmp_path / "q.db"
+    window = _q(db, "select min(c.started_at), max(c.finished_at) from autotune_confirmations c "
+                    "join autotune_studies s on s.id = c.study_id where s.name = 'a'")[0]
+    assert _q(db, "select count(*) from autotune_confirmations c join autotune_studies s on s.id = c.study_id "
+                  "where s.name = 'a'") == [(6,)]
+    start, stop = _ts(window[0]), _ts(window[1])
+    b_starts = [_ts(t) for (t,) in _q(db, "select t.started_at from autotune_trials t join autotune_studies s "
+                                          "on s.id = t.study_id where s.name = 'b' and t.lease is not null")]
+    inside = [t for t in b_starts if start < t < stop]
+    # a confirmation of 6 repeats holds one slot; b's trials go on on the other
+    assert len(inside) >= 2, (start, stop, b_starts)
+    leases = [json.loads(x) for (x,) in _q(db, "select lease from autotune_confirmations")]
+    assert all(len(x["slots"]) == 1 for x in leases)
+    assert queue.entry("b").state == "queued"          # drained mid-study: the next daemon continues it
+    assert not servers_in(tmp_path, "sim-serve")

@@ -204,6 +204,7 @@ class EnqueuedRecord(Base):
     key: Mapped[str] = mapped_column(String(512))
     host: Mapped[str | None] = mapped_column(String(255), nullable=True)
     pid: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
 
 
 class WorkloadProfileRecord(Base):

@@ -64,14 +64,14 @@ def test_run_confirms_inside_a_lease_and_sigterm_stops_it(autotune_run, servers_
     args = ["run", "--study", str(spec), "--n-trials", "2", "--gpus", "0-1", "--parallel", "2", "--no-progress"]
     run = autotune_run(args, tmp_path)
     run.wait_for(_confirming, 240)
+    servers = [pid for (pid,) in _q(db, "select pid from autotune_processes")]     # the repeat's server
     signalled = time.monotonic()
     run.proc.send_signal(signal.SIGTERM)
     assert run.finish(60) == 143, "\n".join(run.lines)
-    assert time.monotonic() - signalled < 20
+    assert time.monotonic() - signalled < 20, "\n".join(run.lines)
     assert "stopped by SIGTERM" in run.lines[-1] and not any("Traceback" in line for line in run.lines), \
         "\n".join(run.lines)
-    servers = [pid for (pid,) in _q(db, "select pid from autotune_processes")]
-    assert len(servers) >= 3 and not [p for p in servers if _alive(p)]     # 2 trials + the cut repeat
+    assert len(servers) == 1 and not [p for p in servers if _alive(p)]
     assert not servers_in(tmp_path, "sim-serve")
     kept = _q(db, "select count(*) from autotune_confirmations")[0][0]
     assert kept < 6                                                         # cut in the middle
@@ -89,7 +89,9 @@ def test_run_confirms_inside_a_lease_and_sigterm_stops_it(autotune_run, servers_
         assert lease["gpus"] == [] and len(lease["slots"]) == 1 and set(lease["slots"]) <= {0, 1}
         assert lease["cores"] and lease["port"] >= 1024
         assert Path(log_path).is_file() and Path(log_path).name.startswith("confirm-")
-        assert f"--port {lease['port']}" in Path(log_path).read_text()    # the server took the lease's port
+        heads = [line for line in Path(log_path).read_text().splitlines() if line.startswith("# autotune")]
+        # its server was launched on the lease's port (a retry after a port taken from outside takes any)
+        assert any(h.endswith(f"attempt 1, port {lease['port']}") for h in heads), heads
     assert not servers_in(tmp_path, "sim-serve")
 
 

@@ -113,11 +113,13 @@ def test_daemon_schedules_beside_a_confirmation_and_writes_the_report(env: None,
 
     url = f"sqlite:///{tmp_path / 'q.db'}"
     for name, n, prio in (("a", "2", "5"), ("b", "40", "0")):
-        p = subprocess.run([sys.executable, "-m", "autotune", "submit", str(_spec(tmp_path, name, confirm=name == "a")),
+        spec = _spec(tmp_path, name, confirm=name == "a", requests_per_step=16)
+        p = subprocess.run([sys.executable, "-m", "autotune", "submit", str(spec),
                             "--n-trials", n, "--priority", prio, "--storage", url],
                            capture_output=True, text=True, timeout=120, cwd=tmp_path)
         assert p.returncode == 0, p.stderr
-    d = autotune_run(["daemon", "--gpus", "0-1", "--storage", url, "--poll", "0.5", "--log-dir", str(tmp_path / "logs"),
+    d = autotune_run(["daemon", "--gpus", "0-1", "--storage", url, "--poll", "0.5", "--grace", "0",
+                      "--log-dir", str(tmp_path / "logs"),
                       "--listen", f"127.0.0.1:{find_free_port()}"], tmp_path)
     queue = StudyQueue(url, create=False)
     end = time.monotonic() + 300

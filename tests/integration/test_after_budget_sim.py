@@ -73,17 +73,19 @@ def test_run_confirms_inside_a_lease_and_sigterm_stops_it(autotune_run, servers_
         "\n".join(run.lines)
     assert len(servers) == 1 and not [p for p in servers if _alive(p)]
     assert not servers_in(tmp_path, "sim-serve")
+    head = next(line for line in run.lines if line.startswith("confirmation: #"))
+    total = 3 * head.split(" x ")[0].count("#")          # the baseline (+ the candidate, when it is feasible)
     kept = _q(db, "select count(*) from autotune_confirmations")[0][0]
-    assert kept < 6                                                         # cut in the middle
+    assert kept < total                                                     # cut in the middle
     assert _q(db, "select count(*) from trials where state = 'COMPLETE'") == [(2,)]
 
     # the same command: no new trial; the confirmation continues from the rows kept and finishes
     run = autotune_run(args, tmp_path)
     assert run.finish(300) == 0, "\n".join(run.lines)
-    assert any(f"({6 - kept} repeat(s) to run)" in line for line in run.lines), "\n".join(run.lines)
+    assert any(f"({total - kept} repeat(s) to run)" in line for line in run.lines), "\n".join(run.lines)
     assert _q(db, "select count(*) from trials where state = 'COMPLETE'") == [(2,)]
     rows = _q(db, "select lease, log_path from autotune_confirmations order by round, position")
-    assert len(rows) == 6
+    assert len(rows) == total
     for lease_json, log_path in rows:        # every repeat ran inside the job's lease: one virtual slot
         lease = json.loads(lease_json)
         assert lease["gpus"] == [] and len(lease["slots"]) == 1 and set(lease["slots"]) <= {0, 1}
@@ -136,14 +138,15 @@ def test_daemon_schedules_beside_a_confirmation_and_writes_the_report(env: None,
     db = tmp_path / "q.db"
     window = _q(db, "select min(c.started_at), max(c.finished_at) from autotune_confirmations c "
                     "join autotune_studies s on s.id = c.study_id where s.name = 'a'")[0]
-    assert _q(db, "select count(*) from autotune_confirmations c join autotune_studies s on s.id = c.study_id "
-                  "where s.name = 'a'") == [(6,)]
+    repeats = _q(db, "select count(*) from autotune_confirmations c join autotune_studies s on s.id = c.study_id "
+                     "where s.name = 'a'")[0][0]
+    assert repeats in (3, 6)            # 3 rounds of the baseline, and of the candidate when it is feasible
     start, stop = _ts(window[0]), _ts(window[1])
     b_starts = [_ts(t) for (t,) in _q(db, "select t.started_at from autotune_trials t join autotune_studies s "
                                           "on s.id = t.study_id where s.name = 'b' and t.lease is not null")]
     inside = [t for t in b_starts if start < t < stop]
-    # a confirmation of 6 repeats holds one slot; b's trials go on on the other
-    assert len(inside) >= 2, (start, stop, b_starts)
+    # the confirmation holds one slot; b's trials go on on the other
+    assert inside, (start, stop, b_starts)
     leases = [json.loads(x) for (x,) in _q(db, "select lease from autotune_confirmations")]
     assert all(len(x["slots"]) == 1 for x in leases)
     assert queue.entry("b").state == "queued"          # drained mid-study: the next daemon continues it

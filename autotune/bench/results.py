@@ -80,6 +80,11 @@ class LoadStep:
     load: float                # request rate (req/s) or concurrency, by the search's mode
     measurement: Measurement
     slo_met: bool
+    # Why each run of this step did not measure the configuration alone (a kernel JIT-compiled during
+    # it): [] clean; one reason: the first run was discarded (kept as `discarded`) and its re-run is
+    # `measurement`; two: the re-run was disturbed too and is kept, flagged `jit_compile`.
+    disturbances: list[str] = field(default_factory=list)
+    discarded: Measurement | None = None
 
 
 @dataclass
@@ -102,7 +107,7 @@ class CapacityResult:
         for s in self.steps:
             body = s.measurement.to_json(with_records=False)
             body["offered"] = body.pop("load")
-            steps.append({**body, "load": s.load, "slo_met": s.slo_met})
+            steps.append({**body, "load": s.load, "slo_met": s.slo_met, "disturbances": list(s.disturbances)})
         return {"mode": self.mode, "capacity": self.capacity, "bracket": list(self.bracket),
                 "measurement_flags": list(self.flags), "cache_reset": self.cache_reset, "note": self.note,
                 "steps": steps,

@@ -98,7 +98,7 @@ class CapacityResult:
     cache_reset: bool = True   # False when the server had no /reset_prefix_cache (404)
     note: str = ""             # caveats a person should read beside the number (client saturated, ...)
     bracket: tuple[float | None, float | None] = (None, None)   # (highest load met, lowest load broken)
-    flags: list[str] = field(default_factory=list)   # measurement flags: client_saturated, prefix_hits, wide_bracket
+    flags: list[str] = field(default_factory=list)   # measurement flags: client_saturated, prefix_hits, wide_bracket, jit_compile
 
     def to_json(self, with_records: bool = False) -> dict[str, Any]:
         # Each step's numeric `load` is the step's own; what the measurement offered (its load record)

@@ -242,7 +242,7 @@ async def find_capacity(base_url: str, model: str, workload: Workload, slo: SLO,
     async def watched(load: float, probe: bool, seed_i: int) -> tuple[Measurement, list[str], Measurement | None]:
         """The step's run, its disturbances and the run discarded for one (see the module's docstring)."""
         disturbances: list[str] = []
-        discarded = None
+        discarded: Measurement | None = None
         for attempt in range(2):
             if step_watch is not None:
                 step_watch.begin()

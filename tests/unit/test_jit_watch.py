@@ -71,3 +71,51 @@ def test_a_missing_log_disturbs_nothing(tmp_path):
     watch = JitWatch(tmp_path / "never-written.log")
     watch.begin()
     assert watch.disturbed() is None
+
+
+# -- the search reads the log only once the step's requests are done -----------------------------------
+COMPILE_LINE = [line + "\n" for line in MOE.splitlines() if "fused_moe_kernel" in line][0]
+
+
+def _run(ttft_ms: float, aborted: bool):
+    from autotune.bench.results import Measurement, RequestRecord
+    rec = RequestRecord(start_s=0.0, ttft_ms=ttft_ms, e2el_ms=ttft_ms + 100, itl_ms=[10.0] * 10, input_tokens=8,
+                        output_tokens=11, ok=True)
+    return Measurement(metrics={"completed": 20, "total_output_tokens": 220, "output_throughput": 100.0},
+                       records=[rec] * 20, aborted_early=aborted, load={"num_requests": 20})
+
+
+def test_a_cut_short_step_whose_compile_is_logged_while_it_drains_is_re_run(tmp_path, monkeypatch):
+    """vLLM logs the compile when it ends: after a cut-short step's client has gone. The search lets the
+    server drain (the prefix-cache reset waits for it) before it asks the watch."""
+    import asyncio
+
+    from autotune.bench import capacity
+    from autotune.bench.workloads import parse_workload
+    from autotune.slo import SLO
+
+    log = tmp_path / "trial.log"
+    log.write_text(MOE.split(COMPILE_LINE)[0])
+    runs, resets = [], []
+
+    async def run_load(*args, **kw):
+        runs.append(kw["seed"])
+        return _run(1500.0, aborted=True) if len(runs) == 1 else _run(80.0, aborted=False)
+
+    async def reset(url, wait_s=60.0):
+        resets.append(len(runs))
+        if len(runs) == 1 and resets.count(1) == 1:   # the compile ends while the cut-short step drains
+            with open(log, "a") as f:
+                f.write(COMPILE_LINE)
+        return True
+
+    monkeypatch.setattr(capacity, "run_load", run_load)
+    monkeypatch.setattr(capacity, "reset_prefix_cache", reset)
+    r = asyncio.run(capacity.find_capacity("http://x", "m", parse_workload("random:input_len=8,output_len=11"),
+                                           SLO.parse("ttft:p99<=1s"), max_steps=2, requests_per_step=20,
+                                           step_watch=JitWatch(log), upper=1))
+    probe = r.steps[0]
+    assert len(runs) == 2 and runs[1] == runs[0] + 1            # re-run once, on its own prompts
+    assert probe.disturbances == ["the server JIT-compiled fused_moe_kernel during the step"]
+    assert probe.discarded is not None and probe.discarded.aborted_early and probe.slo_met
+    assert r.capacity == 1 and r.flags == []

@@ -22,6 +22,7 @@ from typing import Any
 from autotune import causes
 from autotune.daemon.heartbeat import interval_s
 from autotune.daemon.pool import GpuPool, Lease
+from autotune.store.reconnect import patient
 from autotune.tuner.driver import StudyDriver, TrialJob
 from autotune.tuner.interrupts import Gate, Interrupted, _interrupts, set_gate
 from autotune.tuner.trial import TrialOutcome
@@ -287,7 +288,12 @@ class Scheduler:
 
         with self._lock:
             self._workers[(job.study, job.number)] = w
-        w.thread = threading.Thread(target=body, name=f"trial-{job.study}-{job.number}", daemon=True)
+
+        def patient_body() -> None:
+            with patient():     # this trial's writes wait out a database restart (store/reconnect.py)
+                body()
+
+        w.thread = threading.Thread(target=patient_body, name=f"trial-{job.study}-{job.number}", daemon=True)
         w.thread.start()
 
     def _reap(self) -> None:

@@ -114,10 +114,12 @@ class TelemetrySpec(_Strict):
 
 class WarmStartSpec(_Strict):
     """`warm_start: {from: twin, k: 3}`: the twin ranks `candidates` before the first launch and the best
-    `k` run right after the baseline (tuner/warmstart.py); `from: none` or `warm_start: false` turns it off."""
+    `k` run right after the baseline (tuner/warmstart.py); `from: none` or `warm_start: false` turns it off.
+    The default, `auto`, is the twin for a real engine and off on the simulator (where the twin would rank
+    its own landscape): a value, not the presence of the key, so a spec resolved by `submit` keeps it."""
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
-    source: Literal["twin", "none"] = Field("twin", alias="from")
+    source: Literal["auto", "twin", "none"] = Field("auto", alias="from")
     k: int = Field(3, ge=0, le=20)
     candidates: int = Field(200, ge=1, le=5000)
 
@@ -164,7 +166,7 @@ class StudySpec(_Strict):
         if v is False or v is None:
             return {"from": "none"}
         if v is True:
-            return {}
+            return {"from": "twin"}
         return v
 
     @field_validator("name")

@@ -139,8 +139,23 @@ def _servers_in(cwd: Path, marker: str) -> list:
 
 
 @pytest.fixture()
-def autotune_run() -> type[AutotuneRun]:
-    return AutotuneRun
+def autotune_run() -> Iterator[Any]:
+    """`autotune_run(args, cwd)` starts one run. A run the test left running (it failed before stopping
+    it) is killed with its process group at teardown: a failed test leaves no daemon behind."""
+    import os
+    import signal
+
+    runs: list[AutotuneRun] = []
+
+    def start(args: list[str], cwd: Path) -> AutotuneRun:
+        runs.append(AutotuneRun(args, cwd))
+        return runs[-1]
+
+    yield start
+    for run in runs:
+        if run.proc.poll() is None:
+            os.killpg(run.proc.pid, signal.SIGKILL)    # its own session: the group is its PID
+            run.proc.wait(timeout=30)
 
 
 @pytest.fixture()
@@ -159,12 +174,12 @@ def postgres_server() -> Iterator["ThrowawayPostgres"]:
         pytest.skip("PostgreSQL server binaries not found under /usr/lib/postgresql/*/bin "
                     "(`make postgres` installs them as root)")
     pg = ThrowawayPostgres().start()
-    pid = pg.pid
     try:
         yield pg
     finally:
         pg.stop()
-    assert pid is not None and not _running(pid), f"PostgreSQL server {pid} still running"
+    left = [pid for pid in pg.pids if _running(pid)]     # a test may have restarted it (new PIDs)
+    assert pg.pids and not left, f"PostgreSQL server(s) {left} still running"
 
 
 @pytest.fixture()

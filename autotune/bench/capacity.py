@@ -15,6 +15,10 @@ together and queue their prefills, so it measures the start, not the server; it 
 open-loop step lasts at least `min_step_s` at its rate. The result carries its bracket (highest load
 met, lowest broken); a bracket wider than `max_bracket` (relative to its lower end) gets up to
 `refine_steps` extra steps, and one still wide is flagged `wide_bracket`.
+
+A step during which the server JIT-compiled a kernel (a `step_watch` reads its log) measured the compile:
+it is run once more (the kernel is cached by then) and the re-run is used; a re-run that compiled again
+is kept and the result flagged `jit_compile`.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import asyncio
 import json
 import math
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 import aiohttp
 
@@ -95,6 +99,15 @@ def _reset_succeeded(body: bytes) -> bool:
     except ValueError:
         return True
     return bool(doc.get("success", True)) if isinstance(doc, dict) else True
+
+
+class StepWatch(Protocol):
+    """Asked around each step's run (engine/logwatch.JitWatch reads the server's log)."""
+
+    def begin(self) -> None: ...
+
+    def disturbed(self) -> str | None:
+        """Why the run since `begin()` did not measure the configuration alone, or None."""
 
 
 class _Search:
@@ -189,12 +202,14 @@ async def find_capacity(base_url: str, model: str, workload: Workload, slo: SLO,
                         max_bracket: float = DEFAULT_MAX_BRACKET,
                         refine_steps: int = DEFAULT_REFINE_STEPS, stall_timeout_s: float | None = None,
                         api_key: str | None = None,
-                        should_stop: Callable[[list[LoadStep]], bool] | None = None) -> CapacityResult:
+                        should_stop: Callable[[list[LoadStep]], bool] | None = None,
+                        step_watch: StepWatch | None = None) -> CapacityResult:
     """Highest concurrency (`search="concurrency"`, closed loop), request rate (`"rate"`, Poisson) or
     trace speed-up (`"time_scale"`: a trace replayed at its recorded times divided by the load) at which
     every term of `slo` holds, within `max_steps` load steps (the probe counts as one) plus up to
     `refine_steps` while the bracket is wider than `max_bracket`.
-    `should_stop(steps)`, asked before each further step, ends the search early (tuner/earlystop.py)."""
+    `should_stop(steps)`, asked before each further step, ends the search early (tuner/earlystop.py).
+    `step_watch` says whether a step's run was disturbed (a kernel compiled during it): it is re-run once."""
     if search not in ("concurrency", "rate", "time_scale"):
         raise UserError(f"capacity search is by 'concurrency', 'rate' or 'time_scale', not {search!r}")
     trace_rate = replay_rate(workload) if search == "time_scale" else None   # replay.py (trace replay)
@@ -211,11 +226,8 @@ async def find_capacity(base_url: str, model: str, workload: Workload, slo: SLO,
     common: dict[str, Any] = dict(slo=slo, endpoint=endpoint, tokenizer=tokenizer, timeout_s=timeout_s,
                                   abort_on_slo=True, stall_timeout_s=stall_timeout_s, api_key=api_key)
 
-    async def step(load: float, probe: bool) -> LoadStep:
-        nonlocal cache_reset
-        cache_reset = await reset_prefix_cache(base_url) and cache_reset
+    async def measure(load: float, probe: bool, seed_i: int) -> Measurement:
         n, settle = step_requests(load, probe, integer, requests_per_step, min_waves, min_step_s)
-        seed_i = seed + STEP_SEED_STRIDE * len(steps)
         if probe or integer:
             m = await run_load(base_url, model, workload, concurrency=int(load), num_requests=n, settle=settle,
                                warmup=min(warmup, 4) if probe else warmup, seed=seed_i, **common)
@@ -225,9 +237,33 @@ async def find_capacity(base_url: str, model: str, workload: Workload, slo: SLO,
         else:
             m = await run_load(base_url, model, workload, rate=load, num_requests=n, warmup=warmup, seed=seed_i,
                                **common)
+        return m
+
+    async def watched(load: float, probe: bool, seed_i: int) -> tuple[Measurement, list[str], Measurement | None]:
+        """The step's run, its disturbances and the run discarded for one (see the module's docstring)."""
+        disturbances: list[str] = []
+        discarded: Measurement | None = None
+        for attempt in range(2):
+            if step_watch is not None:
+                step_watch.begin()
+            m = await measure(load, probe, seed_i + attempt)   # a re-run draws its own prompts
+            if step_watch is None:
+                break
+            await reset_prefix_cache(base_url)   # waits until the step's requests (a cut-short step's too)
+            why = step_watch.disturbed()          # are done, so that their compiles are in the log
+            if why is None:
+                break
+            disturbances.append(why)
+            discarded = discarded or m
+        return m, disturbances, discarded
+
+    async def step(load: float, probe: bool) -> LoadStep:
+        nonlocal cache_reset
+        cache_reset = await reset_prefix_cache(base_url) and cache_reset
+        m, disturbances, discarded = await watched(load, probe, seed + STEP_SEED_STRIDE * len(steps))
         if probe and start is None and not integer:
             load = float(f"{m.metrics['request_throughput'] / (trace_rate or 1.0):.3g}")   # the single stream's own rate
-        s = LoadStep(load=load, measurement=m, slo_met=False)
+        s = LoadStep(load=load, measurement=m, slo_met=False, disturbances=disturbances, discarded=discarded)
         margin = relative_margin(s, slo)
         s.slo_met = margin <= 0 and not m.aborted_early
         searcher.add(load, margin, s.slo_met, cut_short=m.aborted_early)
@@ -269,6 +305,12 @@ async def find_capacity(base_url: str, model: str, workload: Workload, slo: SLO,
         notes.append("the prefix cache served random prompts at load " + ", ".join(f"{x:g}" for x in flattered)
                      + ": those steps' latencies are flattered")
         flags.append(mflags.PREFIX_HITS)
+    for s in steps:
+        if s.disturbances:
+            notes.append(f"step at {s.load:g} re-run: {s.disturbances[0]}"
+                         + (f"; its re-run too, kept ({mflags.JIT_COMPILE})" if len(s.disturbances) > 1 else ""))
+    if any(len(s.disturbances) > 1 for s in steps):
+        flags.append(mflags.JIT_COMPILE)
     if is_wide((lo, hi), integer, searcher.upper, max_bracket):
         flags.append(mflags.WIDE_BRACKET)
         notes.append(f"wide bracket: met at {lo[0]:g}, " + (f"broke at {hi[0]:g}" if hi else "never broke")

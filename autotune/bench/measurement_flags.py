@@ -5,7 +5,8 @@ A flagged measurement still counts as data, but a trial carrying a flag is never
 `prefix_hits` (the prefix cache served prompts that were meant to be new, so prefill was skipped),
 `wide_bracket` (the capacity search ended with its highest met and lowest broken load far apart, so the
 capacity is known only loosely), `overlapped` (another trial ran on the same machine at the same time;
-set by the scheduler).
+set by the scheduler), `jit_compile` (the server JIT-compiled a kernel during a load step and again
+during that step's re-run, so the step measured compiles; engine/logwatch.py).
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ CLIENT_SATURATED = "client_saturated"
 PREFIX_HITS = "prefix_hits"
 WIDE_BRACKET = "wide_bracket"
 OVERLAPPED = "overlapped"
-ALL = (CLIENT_SATURATED, PREFIX_HITS, WIDE_BRACKET, OVERLAPPED)
+JIT_COMPILE = "jit_compile"
+ALL = (CLIENT_SATURATED, PREFIX_HITS, WIDE_BRACKET, OVERLAPPED, JIT_COMPILE)
 
 # Random prompts share nothing but the chat template's few tokens: more than this share of prompt
 # tokens served from the cache means a replay (same seed twice, a reset that did not happen).

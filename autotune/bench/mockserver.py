@@ -11,6 +11,9 @@ Two service models, chosen per server:
 
 `fail_every=N` answers every Nth request with HTTP 500 (failed-request accounting);
 `reset_cache=false` makes `POST /reset_prefix_cache` a 404, as on a vLLM without dev mode.
+`jit_batch=B` (batch mode) mimics a kernel JIT-compiled under load: once a batch of B or more has run
+`jit_after` steps since the server was last idle, the next step stalls `jit_ms` longer and then appends vLLM's JIT-monitor warning to `log_path`; the compile is cached
+after `jit_times` of them (1: as Triton's cache does; 2: the next load that reaches B compiles again).
 
     python -m autotune.bench.mockserver --port 8123 --mode batch --step-ms 5 --per-seq-ms 0.5
 """
@@ -20,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import socket
 import time
 from collections import deque
@@ -41,6 +45,12 @@ class MockConfig:
     fail_every: int = 0           # every Nth request fails with HTTP 500 (0: never)
     reset_cache: bool = True      # False: /reset_prefix_cache answers 404
     log_sends: bool = False       # stream mode: keep every chunk's send time
+    jit_batch: int = 0            # batch mode: a batch this large triggers a "kernel compile" (0: never)
+    jit_after: int = 0            # steps at that batch (since idle) before it: past a closed loop's first wave
+    jit_ms: float = 0.0           # how long that compile stalls the step
+    jit_times: int = 1            # compiles before the kernel counts as cached
+    jit_kernel: str = "fused_moe_kernel"
+    log_path: str | None = None   # where the compile's warning line is appended (the server log)
 
 
 @dataclass
@@ -59,6 +69,9 @@ class _Batcher:
         self.running: list[_Seq] = []
         self.wake = asyncio.Event()
         self.steps = 0
+        self.compiles = 0
+        self.jit_armed = True         # re-armed when the server goes idle: one compile per load at most
+        self.hot = 0                  # steps at a batch >= jit_batch since the server was last idle
 
     def submit(self, seq: _Seq) -> None:
         self.waiting.append(seq)
@@ -71,14 +84,19 @@ class _Batcher:
                 self.wake.clear()
                 await self.wake.wait()
                 next_t = time.perf_counter()
+                self.jit_armed, self.hot = True, 0
             while self.waiting and len(self.running) < self.cfg.max_seqs:
                 self.running.append(self.waiting.popleft())
-            next_t += (self.cfg.step_ms + self.cfg.per_seq_ms * len(self.running)) / 1000.0
+            compiling = self._compiles()
+            next_t += (self.cfg.step_ms + self.cfg.per_seq_ms * len(self.running)
+                       + (self.cfg.jit_ms if compiling else 0.0)) / 1000.0
             delay = next_t - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
             else:
                 next_t = time.perf_counter()   # fell behind: do not try to catch up with a burst
+            if compiling:
+                self._log_compile()            # vLLM warns after the compile, not before
             self.steps += 1
             still = []
             for s in self.running:
@@ -89,6 +107,28 @@ class _Batcher:
                 if s.remaining > 0:
                     still.append(s)
             self.running = still
+
+    def _compiles(self) -> bool:
+        cfg = self.cfg
+        if not cfg.jit_batch or not self.jit_armed or self.compiles >= cfg.jit_times:
+            return False
+        if len(self.running) < cfg.jit_batch:
+            return False
+        self.hot += 1
+        if self.hot <= cfg.jit_after:
+            return False
+        self.compiles += 1
+        self.jit_armed = False
+        return True
+
+    def _log_compile(self) -> None:
+        if not self.cfg.log_path:
+            return
+        stamp = time.strftime("%m-%d %H:%M:%S")
+        with open(self.cfg.log_path, "a", encoding="utf-8") as f:
+            f.write(f"(Worker_TP0 pid={os.getpid()}) WARNING {stamp} [jit_monitor.py:106] Triton kernel JIT "
+                    f"compilation during inference: {self.cfg.jit_kernel}. This causes a latency spike; "
+                    "consider extending warmup to cover this shape/config. (autotune mock server)\n")
 
 
 def _chunk(text: str, chat: bool, model: str) -> bytes:

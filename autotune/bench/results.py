@@ -80,6 +80,11 @@ class LoadStep:
     load: float                # request rate (req/s) or concurrency, by the search's mode
     measurement: Measurement
     slo_met: bool
+    # Why each run of this step did not measure the configuration alone (a kernel JIT-compiled during
+    # it): [] clean; one reason: the first run was discarded (kept as `discarded`) and its re-run is
+    # `measurement`; two: the re-run was disturbed too and is kept, flagged `jit_compile`.
+    disturbances: list[str] = field(default_factory=list)
+    discarded: Measurement | None = None
 
 
 @dataclass
@@ -93,7 +98,7 @@ class CapacityResult:
     cache_reset: bool = True   # False when the server had no /reset_prefix_cache (404)
     note: str = ""             # caveats a person should read beside the number (client saturated, ...)
     bracket: tuple[float | None, float | None] = (None, None)   # (highest load met, lowest load broken)
-    flags: list[str] = field(default_factory=list)   # measurement flags: client_saturated, prefix_hits, wide_bracket
+    flags: list[str] = field(default_factory=list)   # measurement flags: client_saturated, prefix_hits, wide_bracket, jit_compile
 
     def to_json(self, with_records: bool = False) -> dict[str, Any]:
         # Each step's numeric `load` is the step's own; what the measurement offered (its load record)
@@ -102,7 +107,7 @@ class CapacityResult:
         for s in self.steps:
             body = s.measurement.to_json(with_records=False)
             body["offered"] = body.pop("load")
-            steps.append({**body, "load": s.load, "slo_met": s.slo_met})
+            steps.append({**body, "load": s.load, "slo_met": s.slo_met, "disturbances": list(s.disturbances)})
         return {"mode": self.mode, "capacity": self.capacity, "bracket": list(self.bracket),
                 "measurement_flags": list(self.flags), "cache_reset": self.cache_reset, "note": self.note,
                 "steps": steps,

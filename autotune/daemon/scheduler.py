@@ -26,6 +26,7 @@ from typing import Any
 from autotune import causes
 from autotune.daemon.heartbeat import interval_s
 from autotune.daemon.pool import GpuPool, Lease
+from autotune.store.reconnect import patient
 from autotune.tuner.driver import StudyDriver, TrialJob
 from autotune.tuner.interrupts import Gate, Interrupted, _interrupts, set_gate
 from autotune.tuner.trial import TrialOutcome
@@ -327,7 +328,12 @@ class Scheduler:
 
         with self._lock:
             self._workers[(job.study, job.number)] = w
-        w.thread = threading.Thread(target=after_budget if job.role == AFTER_BUDGET else body, daemon=True,
+
+        def patient_body() -> None:
+            with patient():     # this job's writes wait out a database restart (store/reconnect.py)
+                (after_budget if job.role == AFTER_BUDGET else body)()
+
+        w.thread = threading.Thread(target=patient_body, daemon=True,
                                     name=f"{AFTER_BUDGET}-{job.study}" if job.role == AFTER_BUDGET
                                     else f"trial-{job.study}-{job.number}")
         w.thread.start()

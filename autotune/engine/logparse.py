@@ -139,3 +139,17 @@ def classify_failure(text: str, exit_code: int | None) -> tuple[str, str]:
     if real:
         detail = _one_line(real[0])
     return causes.CRASH, f"{detail} ({_exit_words(exit_code)})"
+
+
+# A kernel compiled (or autotuned) while the server was serving: vLLM's JIT monitor (0.24+, active once
+# warm-up is done) warns "Triton kernel JIT compilation during inference: NAME. This causes a latency
+# spike" (also "CuTeDSL/TileLang JIT compilation during inference: NAME"), and turns on Triton's own
+# autotuning print, "Triton autotuning for function NAME,". Without `--jit-monitor-verbose` vLLM warns
+# once per kernel name and worker process: a later compile of the same kernel (another shape) is silent.
+_JIT_COMPILE = re.compile(r"JIT compilation during inference: ([\w.<>-]*\w)|Triton autotuning for function ([\w.]+)")
+
+
+def jit_compiles(text: str) -> list[str]:
+    """Names of the kernels the server compiled while serving, in the order its log names them (a name
+    once per line that names it)."""
+    return [m.group(1) or m.group(2) for m in _JIT_COMPILE.finditer(text)]

@@ -16,6 +16,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,7 @@ class ThrowawayPostgres:
         self.root: Path | None = None
         self.port = 0
         self.pid: int | None = None
+        self.pids: list[int] = []       # every postmaster started (restarts included)
 
     def _as_owner(self, argv: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
         cmd = ["runuser", "-u", "postgres", "--", *argv] if os.geteuid() == 0 else argv
@@ -59,13 +61,40 @@ class ThrowawayPostgres:
         self._as_owner([str(self.bindir / "initdb"), "-D", str(data), "-U", USER, "-A", "trust", "-E", "UTF8",
                         "--no-sync", "--no-instructions"])
         self.port = find_free_port()
+        self.start_server()
+        return self
+
+    def start_server(self) -> None:
+        """Start the server on this object's data folder and port (again, after `stop_server`)."""
+        assert self.root is not None, "start() first"
+        data, sock = self.root / "data", self.root / "sock"
         # fsync off: a test server has nothing to keep; every value below is ours, not user text
         opts = (f"-p {self.port} -h 127.0.0.1 -k {sock} -F -c max_connections={self.max_connections} "
                 f"-c shared_buffers=16MB")
         self._as_owner([str(self.bindir / "pg_ctl"), "-D", str(data), "-o", opts, "-l", str(self.root / "server.log"),
                         "-w", "-t", "60", "start"])
         self.pid = int((data / "postmaster.pid").read_text().split()[0])
-        return self
+        self.pids.append(self.pid)
+
+    def stop_server(self) -> None:
+        """Fast shutdown (clients are cut off, as when a database host restarts), keeping the data folder
+        and the port for `start_server`; makes sure by PID that no server process is left."""
+        if self.root is None or self.pid is None:
+            return
+        if psutil.pid_exists(self.pid):
+            try:
+                self._as_owner([str(self.bindir / "pg_ctl"), "-D", str(self.root / "data"), "-m", "fast", "-w",
+                                "-t", "30", "stop"])
+            except subprocess.SubprocessError:
+                pass
+            self._kill_if_left()
+        self.pid = None
+
+    def restart(self, down_s: float = 0.0) -> None:
+        """Stop, stay down `down_s` seconds, start again on the same port and data folder."""
+        self.stop_server()
+        time.sleep(down_s)
+        self.start_server()
 
     def url(self, database: str = "postgres") -> str:
         return f"postgresql+psycopg://{USER}@127.0.0.1:{self.port}/{database}"
@@ -83,13 +112,7 @@ class ThrowawayPostgres:
         """Fast shutdown, then make sure by PID that no server process is left, then remove the folder."""
         if self.root is None:
             return
-        data = self.root / "data"
-        if self.pid is not None and psutil.pid_exists(self.pid):
-            try:
-                self._as_owner([str(self.bindir / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "-t", "30", "stop"])
-            except subprocess.SubprocessError:
-                pass
-            self._kill_if_left()
+        self.stop_server()
         shutil.rmtree(self.root, ignore_errors=True)
         self.root = None
 

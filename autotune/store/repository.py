@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 from autotune.errors import UserError
 from autotune.redact import Redactor, redact_flags
 from autotune.store.migrate import migrate
+from autotune.store.reconnect import wait_to_connect
 from autotune.store.models import (Base, ConfirmationRecord, LimitRecord, PredictionRecord,
                                    ProcessRecord, SeriesRecord, StudyRecord,
                                    TrialRecord, WorkloadProfileRecord, utcnow)
@@ -28,7 +29,7 @@ def make_engine(url: str) -> Engine:
     try:
         if url.startswith("sqlite"):
             return create_engine(url, connect_args={"timeout": 30})
-        return create_engine(url, pool_pre_ping=True)
+        return wait_to_connect(create_engine(url, pool_pre_ping=True))   # a restart: store/reconnect.py
     except Exception as e:  # bad URL, missing driver
         raise UserError(f"storage {url!r}: {e}") from None
 

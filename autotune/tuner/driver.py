@@ -37,6 +37,7 @@ from autotune.flags import flags_to_mapping
 from autotune.space import SearchSpace, mapping_to_flags
 from autotune.spec import StudySpec
 from autotune.store.models import utcnow
+from autotune.store.reconnect import wait_to_connect
 from autotune.store.repository import ResultStore, sqlite_path
 from autotune.telemetry import headroom_violation
 from autotune.telemetry.base import TelemetrySource
@@ -174,7 +175,9 @@ class StudyDriver:
         baseline and the spec's candidates (once across processes)."""
         self.store = first_to_create(lambda: ResultStore(self.spec.storage_url))
         storage = first_to_create(lambda: optuna.storages.RDBStorage(self.spec.storage_url, engine_kwargs=(
-            {"connect_args": {"timeout": 30}} if self.spec.storage_url.startswith("sqlite") else {})))
+            {"connect_args": {"timeout": 30}} if self.spec.storage_url.startswith("sqlite")
+            else {"pool_pre_ping": True})))
+        wait_to_connect(storage.engine)   # a trial's tell waits out a database restart (store/reconnect.py)
         self.study = optuna.create_study(study_name=self.spec.name, storage=storage, load_if_exists=True,
                                          directions=self.spec.directions())
         if list(self.study.directions) != [optuna.study.StudyDirection.MAXIMIZE if d == "maximize" else

@@ -53,7 +53,7 @@ def open_policy(loop: Any) -> None:
     loop.twin, loop.ranking = None, None
     ws = spec.warm_start
     # On by default for real engines; on the simulator only when asked (the twin ranking itself).
-    if ws.source == "twin" and (spec.engine.kind == "vllm" or "warm_start" in spec.model_fields_set):
+    if ws.source == "twin" or (ws.source == "auto" and spec.engine.kind == "vllm"):
         loop.twin = twin_predictor(spec.model, gpu, num, loop.fixed_flags, loop.space, spec.workload, loop.slo,
                                    requests=min(spec.load.requests_per_step, 96))
         values = loop.study.user_attrs.get(RANKING_ATTR)

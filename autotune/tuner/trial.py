@@ -24,6 +24,7 @@ from autotune.bench.client import STALLED, stalled_requests
 from autotune.bench.results import CapacityResult, Measurement
 from autotune.engine.base import Engine, EngineFailure, LaunchRequest, Server, StartupInfo
 from autotune.engine.logparse import port_in_use
+from autotune.engine.logwatch import JitWatch
 from autotune.engine.process import find_free_port, write_log_header
 from autotune.errors import UserError
 from autotune.redact import Redactor, api_key_of
@@ -206,7 +207,7 @@ class TrialRunner:
         t0 = time.monotonic()
         hung: str | None = None
         try:
-            measurement, capacity, stalled = self._measure(server.url, phase, seed, stopper)
+            measurement, capacity, stalled = self._measure(server.url, phase, seed, stopper, log_path)
         except UserError as e:
             measurement, capacity, stalled = None, None, 0
             if server.failure() is None:
@@ -242,10 +243,11 @@ class TrialRunner:
             outcome.detail = f"load generator saturated: {measurement.client.note}"
         return outcome
 
-    def _measure(self, url: str, phase: Phase, seed: int,
-                 stopper: Any = None) -> tuple[Measurement | None, dict[str, Any] | None, int]:
+    def _measure(self, url: str, phase: Phase, seed: int, stopper: Any = None,
+                 log_path: Path | None = None) -> tuple[Measurement | None, dict[str, Any] | None, int]:
         """The measurement, the capacity search's record (None for a fixed load) and how many requests
-        the server stopped answering (stalled)."""
+        the server stopped answering (stalled). The server's log tells the search which steps ran while
+        a kernel JIT-compiled (engine/logwatch.py): those are re-run."""
         load = self.spec.load
         model = self.spec.model
         if load.mode == "fixed":
@@ -264,6 +266,9 @@ class TrialRunner:
             at = f"{load.search} {step.load:g}"
             if load.search == "time_scale":   # [trace replay, issue 16] the load is the trace's speed-up
                 at = f"x{step.load:g} the trace's rate (time_scale {1 / step.load:.3g})"
+            if step.disturbances:
+                phase(f"capacity search: {at} -> {step.disturbances[0]}; re-ran it"
+                      + (f", and again during the re-run ({mflags.JIT_COMPILE})" if len(step.disturbances) > 1 else ""))
             if step.measurement.aborted_early:
                 phase(f"capacity search: {at} -> SLO clearly broken, step cut short")
                 return
@@ -277,7 +282,8 @@ class TrialRunner:
             requests_per_step=load.requests_per_step, warmup=load.warmup, seed=seed,
             tokenizer=self.tokenizer, on_step=on_step, min_waves=load.min_waves, min_step_s=load.min_step_s,
             max_bracket=load.max_bracket, refine_steps=load.refine_steps, stall_timeout_s=load.stall_timeout_s,
-            api_key=self.api_key, should_stop=stopper.should_stop if stopper else None))
+            api_key=self.api_key, should_stop=stopper.should_stop if stopper else None,
+            step_watch=JitWatch(log_path) if log_path is not None else None))
         chosen = cap.at_capacity or (cap.steps[0].measurement if cap.steps else None)
         info = {"mode": cap.mode, "capacity": cap.capacity, "cache_reset": cap.cache_reset, "note": cap.note,
                 "bracket": list(cap.bracket), "measurement_flags": list(cap.flags), "seed": seed,
@@ -290,7 +296,10 @@ class TrialRunner:
                            "completed": s.measurement.metrics.get("completed"),
                            "total_output_tokens": s.measurement.metrics.get("total_output_tokens"),
                            "failed": s.measurement.metrics.get("failed"),
-                           "aborted_early": s.measurement.aborted_early} for s in cap.steps]}
+                           "aborted_early": s.measurement.aborted_early, "disturbances": list(s.disturbances),
+                           "discarded_output_tokens": (s.discarded.metrics.get("total_output_tokens")
+                                                       if s.discarded is not None else None)}
+                          for s in cap.steps]}
         return chosen, info, sum(stalled_requests(s.measurement.records) for s in cap.steps)
 
     def _observe(self, m: Measurement, capacity: dict[str, Any] | None, summary: TelemetrySummary,
@@ -306,7 +315,8 @@ class TrialRunner:
         # Telemetry spans the whole load window, so energy per token counts every measured step's tokens.
         steps_tokens = int(metrics.get("total_output_tokens") or 0)
         if capacity is not None:
-            steps_tokens = int(sum((s.get("total_output_tokens") or 0) for s in capacity["steps"]))
+            steps_tokens = int(sum((s.get("total_output_tokens") or 0) + (s.get("discarded_output_tokens") or 0)
+                                   for s in capacity["steps"]))   # a discarded run drew energy too
         num_gpus = max(self.spec.num_gpus if self.spec.engine.kind == "sim" else n_gpus, 1)
         out.update(telemetry_objectives(summary, output_tokens=steps_tokens, duration_s=elapsed,
                                         num_gpus=num_gpus, output_tps=out.get("capacity_tps", out.get("output_tps", 0.0))))

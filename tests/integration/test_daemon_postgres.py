@@ -52,7 +52,8 @@ def _started(lines: list[str]) -> set[int]:
 
 def _asked(lines: list[str]) -> set[int]:
     """Trials a daemon took from the sampler (some wait for slots before they start)."""
-    return {int(m[1]) for line in lines if (m := re.match(r"\[trial (\d+)\] (baseline|search|enqueued)", line))}
+    return {int(m[1]) for line in lines
+            if (m := re.match(r"\[trial (\d+)\] (baseline|search|enqueued|warm_start):", line))}
 
 
 def _sim_servers(pid: int) -> list[psutil.Process]:
@@ -190,3 +191,61 @@ def test_non_loopback_listen_needs_a_token(tmp_path: Path, env: None, monkeypatc
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.count("\n") == 1 and "needs a token" in r.stderr
     assert not db.exists()                  # refused before anything was written
+
+
+def test_a_postgres_restart_mid_trial_is_survived(postgres_server, postgres_url: str, env: None, autotune_run,
+                                                  monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The database host restarts while a trial runs: PostgreSQL is stopped (fast shutdown, every client
+    cut off) during the trial's load and started again on the same port and data a few seconds later.
+    The daemon reconnects and goes on: the study finishes, every trial is recorded exactly once (the one
+    in flight too: not interrupted, not re-queued), no traceback, no server of either kind left."""
+    n_trials = 4
+    sub = _cli("submit", str(_spec(tmp_path)), "--n-trials", str(n_trials), "--storage", postgres_url)
+    assert sub.returncode == 0, sub.stderr
+    monkeypatch.setenv("AUTOTUNE_HOST", "host-r")
+    d = autotune_run(["daemon", "--gpus", "0", "--storage", postgres_url, "--poll", "0.5", "--grace", "60",
+                      "--listen", f"127.0.0.1:{find_free_port()}", "--log-dir", str(tmp_path / "logs")], tmp_path)
+    d.wait_for(lambda ls: any("capacity search:" in line for line in ls), 180)
+    in_flight = int(next(m[1] for line in d.lines if (m := re.match(r"\s*\[trial (\d+)\] capacity search:", line))))
+    old_pid = postgres_server.pid
+    postgres_server.stop_server()
+    assert old_pid is not None and not psutil.pid_exists(old_pid)
+    down_at = len(d.lines)
+    # down until the trial has measured and stops its server, so its end (its server's record, the tell,
+    # the evidence) meets the database away, and 2 s more
+    d.wait_for(lambda ls: any(f"[trial {in_flight}] stopping server" in line for line in ls[down_at:]), 120)
+    time.sleep(2)
+    assert d.proc.poll() is None, "\n".join(d.lines[-30:])
+    postgres_server.start_server()                          # same port, same data folder
+    assert postgres_server.pid != old_pid
+    outage = d.lines[down_at:]
+
+    queue = StudyQueue(postgres_url, create=False)
+    deadline = time.monotonic() + 300
+    while queue.entry("shared").state != DONE:
+        assert time.monotonic() < deadline and d.proc.poll() is None, "\n".join(d.lines[-40:])
+        time.sleep(1)
+    servers = _sim_servers(d.proc.pid)
+    d.proc.send_signal(signal.SIGTERM)
+    assert d.finish(90) == 0, "\n".join(d.lines[-30:])
+    assert psutil.wait_procs(servers, timeout=30)[1] == []
+    lines = "\n".join(d.lines)
+    assert "Traceback" not in lines, lines[lines.find("Traceback") - 3000:]
+    # the daemon did meet the server away (it was not between two database calls the whole time)
+    assert any("cannot work the queue now" in line for line in outage), lines
+    assert any("the database is unreachable" in line for line in outage), lines    # the trial's writes waited
+
+    eng = create_engine(postgres_url)
+    with eng.connect() as conn:
+        rows = conn.execute(text("select number, state, cause from autotune_trials order by number")).all()
+        optuna_states = dict(conn.execute(text("select number, state from trials")).all())
+        requeued = conn.execute(text("select count(*) from trial_user_attributes "
+                                     "where key = 'requeued_from'")).scalar_one()
+        running = conn.execute(text("select count(*) from autotune_heartbeats where kind = 'trial'")).scalar_one()
+    eng.dispose()
+    numbers = [n for n, _, _ in rows]
+    assert numbers == sorted(set(numbers)) == sorted(optuna_states), (rows, optuna_states)   # each once
+    assert set(optuna_states.values()) == {"COMPLETE"} and len(optuna_states) == n_trials, optuna_states
+    assert requeued == 0 and running == 0
+    assert all(state in ("ok", "infeasible") for _, state, _ in rows), rows
+    assert in_flight in numbers and dict((n, s) for n, s, _ in rows)[in_flight] != "interrupted"

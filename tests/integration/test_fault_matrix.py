@@ -230,3 +230,23 @@ def test_a_database_that_cannot_grow_stops_the_run_in_one_line_and_the_next_run_
             return conn.execute("select p.param_name, p.param_value from trial_params p join trials t using(trial_id) "
                                 f"where {state_or_number} order by p.param_name").fetchall()
         assert params("t.state = 'FAIL'") == params("t.number = 2")
+
+
+@pytest.mark.parametrize("jit_at, flagged", [("4", False), ("4,12", True)])
+def test_a_step_during_which_the_server_compiled_a_kernel_is_re_run(jit_at: str, flagged: bool, tmp_path: Path,
+                                                                    demo_model_dir: Path) -> None:
+    # the probe sends requests 1-8; the 4th waits 1.5 s (TTFT SLO 1 s) and the server logs vLLM's JIT
+    # warning; the re-run sends 9-16, and with "4,12" its 12th compiles again
+    spec = study(tmp_path, demo_model_dir, "jit", env={"STANDIN_JIT_AT": jit_at},
+                 load={"mode": "capacity", "max_steps": 2, "requests_per_step": 8, "warmup": 0, "refine_steps": 0})
+    assert run(spec) == 0
+    (capacity, flags, log_path), = rows(tmp_path, "select capacity, measurement_flags, log_path from autotune_trials")
+    capacity, flags = json.loads(capacity), json.loads(flags)
+    probe = capacity["steps"][0]
+    assert probe["load"] == 1 and len(probe["disturbances"]) == (2 if flagged else 1)
+    assert probe["disturbances"][0] == "the server JIT-compiled fused_moe_kernel during the step"
+    assert probe["discarded_output_tokens"] is not None
+    assert Path(log_path).read_text().count("JIT compilation during inference: fused_moe_kernel") == len(jit_at.split(","))
+    assert probe["slo_met"] is not flagged          # the clean re-run met the SLO; a compiling one broke it
+    assert ("jit_compile" in flags) is flagged and ("re-run" in capacity["note"])
+    assert not left_behind(tmp_path)

@@ -8,6 +8,7 @@ import math
 
 import pytest
 
+from autotune.bench import measurement_flags as mflags
 from autotune.store.models import ConfirmationRecord, StudyRecord, TrialRecord
 from autotune.tuner.confirm import pick_candidates, plan, round_seed
 from autotune.tuner.verdict import (export_choice, objective_verdict, paired_ratio_interval, relative_spread,
@@ -85,14 +86,15 @@ def _rows(trial, values, caps=None, states=None):
     return out
 
 
-def test_without_confirmation_a_flagged_trial_is_never_exported():
+@pytest.mark.parametrize("flag", mflags.ALL)
+def test_without_confirmation_a_flagged_trial_is_never_exported(flag):
     s = _study()
     base = _trial(0, "baseline", tps=100)
-    flagged = _trial(1, tps=200, flags=["client_saturated"])
+    flagged = _trial(1, tps=200, flags=[flag])
     clean = _trial(2, tps=150)
     choice = export_choice(s, [base, flagged, clean], [])
     assert choice.trial is clean and choice.confirmed is None
-    assert "UNCONFIRMED" in choice.why and "trial 1 measured better but carries client_saturated" in choice.why
+    assert "UNCONFIRMED" in choice.why and f"trial 1 measured better but carries {flag}" in choice.why
     assert unconfirmed_flagged(flagged, [], s, [base, flagged, clean]) is not None
     assert unconfirmed_flagged(clean, [], s, [base, flagged, clean]) is None
     # only flagged trials: nothing is exported

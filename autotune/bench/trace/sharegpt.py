@@ -6,7 +6,6 @@ conversation so far, the reply's length its output length."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +14,7 @@ import numpy as np
 from autotune.bench.trace.conversations import Timed
 from autotune.bench.trace.fields import TokenCounter, content_text
 from autotune.bench.trace.format import TraceRecord
+from autotune.bench.workloads._jsonl import read_json_items
 from autotune.errors import UserError
 
 _ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "chatgpt": "assistant",
@@ -22,15 +22,7 @@ _ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "ass
 
 
 def read_sharegpt(path: Path, counter: TokenCounter, *, rate: float, think_s: float, seed: int) -> list[Timed]:
-    try:
-        raw = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise UserError(f"cannot read {str(path)!r}: {getattr(e, 'strerror', None) or e}") from None
-    try:
-        items = json.loads(raw) if raw.lstrip().startswith("[") else \
-            [json.loads(line) for line in raw.splitlines() if line.strip()]
-    except json.JSONDecodeError as e:
-        raise UserError(f"{path.name}: not JSON lines (line {e.lineno}: {e.msg})") from None
+    items = read_json_items(path, "ShareGPT")
     rng = np.random.default_rng(seed)
     start = 0.0
     out: list[Timed] = []

@@ -56,16 +56,21 @@ class JsonlWorkload(Workload):
         return Prompt(text, max(1, int(out)), counted)
 
 
-def _read_records(path: Path) -> list[tuple[str, str | None, int | None]]:
+def read_json_items(path: Path, what: str) -> list[Any]:
+    """The objects of a JSON-lines file, or of a file holding one JSON array (ShareGPT ships both)."""
     try:
         raw = path.read_text(encoding="utf-8")
-    except OSError as e:
-        raise UserError(f"workload jsonl: cannot read {str(path)!r}: {e.strerror or e}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"{what}: cannot read {str(path)!r}: {getattr(e, 'strerror', None) or e}") from None
     try:
-        items = json.loads(raw) if raw.lstrip().startswith("[") else \
+        return json.loads(raw) if raw.lstrip().startswith("[") else \
             [json.loads(line) for line in raw.splitlines() if line.strip()]
     except json.JSONDecodeError as e:
-        raise UserError(f"workload jsonl: {path} is not JSON lines (line {e.lineno}: {e.msg})") from None
+        raise UserError(f"{what}: {path} is not JSON lines (line {e.lineno}: {e.msg})") from None
+
+
+def _read_records(path: Path) -> list[tuple[str, str | None, int | None]]:
+    items = read_json_items(path, "workload jsonl")
     out = [r for r in (_record(item) for item in items) if r is not None]
     if not out:
         raise UserError(f"workload jsonl: {path} holds no usable prompt (ShareGPT conversations or "

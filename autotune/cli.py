@@ -71,6 +71,9 @@ def _build_parser() -> OneLineParser:
     exp.add_argument("--format", required=True,
                      choices=["vllm-yaml", "command", "json", "docker", "k8s", "deploy-kit"])
     exp.add_argument("--trial", type=int, help="trial number (default: best feasible)")
+    exp.add_argument("--accept-flagged", action="store_true",
+                     help="with --trial: export it even though it carries a measurement flag and is not "
+                          "confirmed (the export's header says so)")
     exp.add_argument("-o", "--output", required=True, help="file to write ('-' for stdout); a folder for deploy-kit")
     exp.add_argument("--engine-cmd", help="deploy-kit: start vLLM with this command (e.g. 'vllm serve') "
                                           "instead of the study's engine command")

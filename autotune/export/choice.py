@@ -23,9 +23,10 @@ class ExportPick:
 
 
 def exported_trial(study: StudyRecord, trials: Sequence[TrialRecord], rows: Sequence[ConfirmationRecord] = (),
-                   number: int | None = None) -> ExportPick:
+                   number: int | None = None, accept_flagged: bool = False) -> ExportPick:
     """The trial `export` writes: `number` when given (a measured trial, possibly infeasible, with a
-    warning; refused when it carries a measurement flag and is not confirmed), else the rule's choice."""
+    warning; refused when it carries a measurement flag and is not confirmed, unless the user accepts
+    that in so many words), else the rule's choice."""
     if number is not None:
         trial = next((t for t in trials if t.number == number), None)
         if trial is None:
@@ -33,9 +34,11 @@ def exported_trial(study: StudyRecord, trials: Sequence[TrialRecord], rows: Sequ
         if not trial.objectives and trial.state != "ok":
             raise UserError(f"trial {number} did not run to a measurement ({trial.state}: {trial.cause})")
         refused = unconfirmed_flagged(trial, rows, study, trials)
-        if refused:
-            return ExportPick(None, [], refused)
+        if refused and not accept_flagged:
+            return ExportPick(None, [], refused + " (or accept that with --accept-flagged)")
         warnings = [] if is_feasible(trial) else [f"trial {trial.number} is not feasible ({trial.state})"]
+        if refused:
+            warnings.append(refused.split(": run")[0] + ": exported anyway (--accept-flagged)")
         choice = ExportChoice(trial, None, f"trial {trial.number} chosen with --trial")
     else:
         choice = export_choice(study, trials, rows)
@@ -43,4 +46,5 @@ def exported_trial(study: StudyRecord, trials: Sequence[TrialRecord], rows: Sequ
             return ExportPick(None, [], f"nothing to export from study {study.name!r}: {choice.why}")
         warnings = []
     header = export_header(study, trials, summarize_confirmations(study, trials, rows), choice)
+    header += [f"WARNING: {w}" for w in warnings]
     return ExportPick(choice.trial, warnings, choice.why, header)

@@ -29,7 +29,8 @@ def export_command(args: argparse.Namespace) -> int:
     store = ResultStore(args.storage, create=False)
     study = store.resolve_study(args.study_name)
     trials = store.trials(study.id)
-    choice = exported_trial(study, trials, store.confirmations(study.id), args.trial)
+    choice = exported_trial(study, trials, store.confirmations(study.id), args.trial,
+                            accept_flagged=getattr(args, "accept_flagged", False))
     for w in choice.warnings:
         sys.stderr.write(f"autotune: warning: {w}\n")
     if choice.trial is None:

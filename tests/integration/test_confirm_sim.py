@@ -32,6 +32,9 @@ def _spec(tmp_path: Path) -> Path:
                  "warmup": 1, "min_waves": 1, "refine_steps": 0, "max_bracket": 0.001},
         "telemetry": {"source": "sim", "hz": 5},
         "confirm": {"top_k": 1, "repeats": 3},
+        # trial 1 is fixed (each process seeds its sampler differently; a sampled candidate might break a
+        # known constraint and leave the numbering to chance)
+        "enqueue": [{"max_num_seqs": 64, "max_num_batched_tokens": 8192}],
         "storage": f"sqlite:///{tmp_path}/conf.db",
     }
     path = tmp_path / "conf.yaml"

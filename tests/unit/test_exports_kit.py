@@ -208,3 +208,14 @@ def test_confirmations_absent_mean_not_confirmed_and_present_give_the_paired_gai
     assert row["confirmed_gain"]["low"] == pytest.approx(1.2688, abs=1e-3) and row["confirmed_b"] == 150.0
     assert main(["export", "--storage", store.url, "--format", "docker", "-o", "-"]) == 0
     assert "# verdict against the defaults: capacity_tps x1.498 [1.269, 1.768]" in capsys.readouterr().out
+
+def test_a_flagged_unconfirmed_trial_is_exported_only_when_the_user_accepts_it(tmp_path, capsys):
+    store, study = _store(tmp_path)
+    store.save_trial(study.id, 1, measurement_flags=["client_saturated"])
+    args = ["export", "--storage", store.url, "--format", "vllm-yaml", "--trial", "1", "-o", "-"]
+    assert main(args) == 1
+    assert "carries client_saturated and is not confirmed" in capsys.readouterr().err
+    assert main([*args, "--accept-flagged"]) == 0
+    out = capsys.readouterr().out
+    assert "# WARNING: trial 1 carries client_saturated and is not confirmed: exported anyway (--accept-flagged)" in out
+    assert "max-num-seqs: 64" in out

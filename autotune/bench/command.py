@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import sys
 from urllib.parse import urlparse
 
 from autotune.bench import measurement_flags as mflags
@@ -20,7 +19,7 @@ from autotune.bench.runner import run_load
 from autotune.bench.tokens import load_tokenizer
 from autotune.bench.workloads import parse_workload
 from autotune.cli import OneLineParser
-from autotune.errors import UserError
+from autotune.errors import UserError, one_line_errors
 from autotune.slo import SLO
 
 
@@ -68,12 +67,7 @@ def build_parser() -> OneLineParser:
 
 
 def main(argv: list[str]) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        return _run(args)
-    except UserError as e:
-        sys.stderr.write(f"autotune bench: error: {e}\n")
-        return 2
+    return one_line_errors("autotune bench", _run, build_parser().parse_args(argv))
 
 
 def _run(args) -> int:  # type: ignore[no-untyped-def]

@@ -13,7 +13,6 @@ cut.py for what it keeps), then `--lengths-only` (private.py).
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 from autotune.bench.profile import describe, format_profile
@@ -27,7 +26,7 @@ from autotune.bench.trace.openai_log import read_openai_log
 from autotune.bench.trace.private import lengths_only
 from autotune.bench.trace.sharegpt import read_sharegpt
 from autotune.cli import OneLineParser
-from autotune.errors import UserError
+from autotune.errors import UserError, one_line_errors
 
 FORMATS = ("openai", "sharegpt", "csv")
 
@@ -52,12 +51,7 @@ def build_parser() -> OneLineParser:
 
 
 def main(argv: list[str]) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        return _run(args)
-    except UserError as e:
-        sys.stderr.write(f"autotune convert: error: {e}\n")
-        return 2
+    return one_line_errors("autotune convert", _run, build_parser().parse_args(argv))
 
 
 def detect_format(path: Path) -> str:

@@ -116,7 +116,7 @@ def test_tune_kill_resume_show_export(autotune_run, servers_in, tmp_path: Path, 
     if exp.returncode == 1 and flagged == feasible:
         # a shared machine flagged every trial (its load client saturated, or a wide bracket): unconfirmed,
         # nothing is exported by the rule; the user may still name one and accept its flags
-        assert "not confirmed" in exp.stderr and len(exp.stderr.strip().splitlines()) == 1
+        assert "autotune confirm" in exp.stderr and len(exp.stderr.strip().splitlines()) == 1
         (number,) = _rows(db, "select min(number) from autotune_trials where state = 'ok'")[0]
         exp = subprocess.run([*AUTOTUNE, "export", "--storage", f"sqlite:///{db}", "--format", "vllm-yaml",
                               "--trial", str(number), "--accept-flagged", "-o", str(best)],

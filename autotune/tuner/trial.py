@@ -211,9 +211,10 @@ class TrialRunner:
         except UserError as e:
             measurement, capacity, stalled = None, None, 0
             if server.failure() is None:
-                if STALLED not in str(e):  # the server is up and answering: a real usage error
-                    raise
-                hung = f"server stopped answering: {e}"   # e.g. every warm-up request stalled
+                if STALLED not in str(e) and "cannot reach the server" not in str(e):
+                    raise      # the server is up and answering: a real usage error
+                # every warm-up request stalled, or the process lives but refuses connections mid-trial
+                hung = f"server stopped answering: {e}"
         finally:
             summary = sampler.stop()
         elapsed = time.monotonic() - t0

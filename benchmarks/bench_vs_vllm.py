@@ -121,6 +121,15 @@ def start_vllm(port: int, log: Path, no_cache: bool = True, cpus: str | None = N
     raise RuntimeError("vLLM not ready in 300 s")
 
 
+def stop_vllm(server: subprocess.Popen) -> None:
+    """Its whole process group (API server, engine core, workers): SIGTERM, then SIGKILL after 30 s."""
+    os.killpg(server.pid, signal.SIGTERM)
+    try:
+        server.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(server.pid, signal.SIGKILL)
+
+
 def ours(url: str, a: argparse.Namespace, out: Path) -> dict:
     subprocess.run(pinned([PY, "-m", "autotune", "bench", "--url", url, "--model", MODEL, "--workload",
                     f"random:input_len={a.input_len},output_len={a.output_len}", "--concurrency", str(a.concurrency),
@@ -217,11 +226,7 @@ def main() -> None:
                     res["runs"].append(row)
                     print(json.dumps(row), flush=True)
         finally:
-            os.killpg(server.pid, signal.SIGTERM)
-            try:
-                server.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(server.pid, signal.SIGKILL)
+            stop_vllm(server)
     med = {c: {k: median(r[k] for r in res["runs"] if r["client"] == c) for k in KEYS} for c in ("autotune", "vllm")}
     res["medians"] = med
     res["diff_pct"] = {k: 100 * (med["autotune"][k] - med["vllm"][k]) / med["vllm"][k] for k in KEYS}

@@ -158,6 +158,40 @@ def autotune_run() -> Iterator[Any]:
             run.proc.wait(timeout=30)
 
 
+SIM_STUDY: dict[str, Any] = {
+    "model": "llama-3.1-8b",
+    "engine": {"kind": "sim", "gpu": "H100", "num_gpus": 1, "time_scale": 40,
+               "extra_flags": ["--max-model-len", "4096"], "startup_timeout_s": 60},
+    "search_space": "default",
+    "workload": {"kind": "random", "input_len": 512, "output_len": 64},
+    "slo": "ttft:p99<=1s",
+    "load": {"mode": "capacity", "search": "concurrency", "max_steps": 3, "requests_per_step": 40, "warmup": 2},
+    "telemetry": {"source": "sim", "hz": 5},
+}
+
+
+@pytest.fixture()
+def sim_spec(tmp_path: Path):
+    """`sim_spec(name, **changes)` writes `tmp_path/NAME.yaml`: an 8B study on one simulated H100 at 40x
+    stored in `tmp_path/NAME.db`, seconds a trial. A dict change merges into that section (`load=
+    {"max_steps": 2}` keeps the other load keys); anything else replaces it."""
+    import copy
+
+    import yaml
+
+    def write(name: str, **changes: Any) -> Path:
+        spec = copy.deepcopy(SIM_STUDY)
+        spec.update(name=name, storage=f"sqlite:///{tmp_path}/{name}.db")
+        for key, value in changes.items():
+            both_dicts = isinstance(value, dict) and isinstance(spec.get(key), dict)
+            spec[key] = {**spec[key], **value} if both_dicts else value
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(spec))
+        return path
+
+    return write
+
+
 @pytest.fixture()
 def servers_in():
     """`servers_in(cwd, marker)`: the server processes a test's runs left (should be none)."""

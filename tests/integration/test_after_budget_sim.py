@@ -14,31 +14,11 @@ from pathlib import Path
 
 import psutil
 import pytest
-import yaml
 
 from autotune.daemon.queue import StudyQueue
 from autotune.engine.process import find_free_port
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _spec(tmp_path: Path, name: str, *, confirm: bool = True, requests_per_step: int = 40) -> Path:
-    spec = {
-        "name": name, "model": "llama-3.1-8b",
-        "engine": {"kind": "sim", "gpu": "H100", "num_gpus": 1, "time_scale": 40,
-                   "extra_flags": ["--max-model-len", "4096"], "startup_timeout_s": 60},
-        "search_space": "default",
-        "workload": {"kind": "random", "input_len": 512, "output_len": 64},
-        "slo": "ttft:p99<=1s",
-        "load": {"mode": "capacity", "search": "concurrency", "max_steps": 3, "requests_per_step": requests_per_step,
-                 "warmup": 2},
-        "telemetry": {"source": "sim", "hz": 5},
-        "confirm": {"enabled": confirm, "top_k": 1, "repeats": 3},
-        "storage": f"sqlite:///{tmp_path}/{name}.db",
-    }
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(spec))
-    return path
 
 
 def _q(db: Path, sql: str) -> list[tuple]:
@@ -59,8 +39,10 @@ def _confirming(lines: list[str]) -> bool:
     return bool(heads) and any("capacity search" in line for line in lines[heads[-1] + 1:])
 
 
-def test_run_confirms_inside_a_lease_and_sigterm_stops_it(autotune_run, servers_in, tmp_path: Path) -> None:
-    spec, db = _spec(tmp_path, "conf", requests_per_step=200), tmp_path / "conf.db"
+def test_run_confirms_inside_a_lease_and_sigterm_stops_it(autotune_run, servers_in, sim_spec,
+                                                         tmp_path: Path) -> None:
+    spec = sim_spec("conf", load={"requests_per_step": 200}, confirm={"enabled": True, "top_k": 1, "repeats": 3})
+    db = tmp_path / "conf.db"
     args = ["run", "--study", str(spec), "--n-trials", "2", "--gpus", "0-1", "--parallel", "2", "--no-progress"]
     run = autotune_run(args, tmp_path)
     run.wait_for(_confirming, 240)
@@ -109,13 +91,14 @@ def env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_daemon_schedules_beside_a_confirmation_and_writes_the_report(env: None, autotune_run, servers_in,
-                                                                       tmp_path: Path) -> None:
+                                                                       sim_spec, tmp_path: Path) -> None:
     import subprocess
     import sys
 
     url = f"sqlite:///{tmp_path / 'q.db'}"
     for name, n, prio in (("a", "2", "5"), ("b", "40", "0")):
-        spec = _spec(tmp_path, name, confirm=name == "a", requests_per_step=16)
+        spec = sim_spec(name, load={"requests_per_step": 16},
+                        confirm={"enabled": name == "a", "top_k": 1, "repeats": 3})
         p = subprocess.run([sys.executable, "-m", "autotune", "submit", str(spec),
                             "--n-trials", n, "--priority", prio, "--storage", url],
                            capture_output=True, text=True, timeout=120, cwd=tmp_path)

@@ -12,34 +12,22 @@ import subprocess
 import sys
 from pathlib import Path
 
-import yaml
 
 AUTOTUNE = [sys.executable, "-m", "autotune"]
 REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}   # this checkout's autotune, whatever the venv has installed
 
 
-def _spec(tmp_path: Path) -> Path:
-    spec = {
-        "name": "conf", "model": "llama-3.1-8b",
-        "engine": {"kind": "sim", "gpu": "H100", "num_gpus": 1, "time_scale": 50,
-                   "extra_flags": ["--max-model-len", "4096"], "startup_timeout_s": 60},
-        "search_space": "default",
-        "workload": {"kind": "random", "input_len": 256, "output_len": 32},
-        "slo": "ttft:p99<=1s",
+def _spec(sim_spec) -> Path:
+    return sim_spec(
+        "conf", engine={"time_scale": 50}, workload={"kind": "random", "input_len": 256, "output_len": 32},
         # two steps and no refinement against a 0.1 % bracket limit: every first run is flagged wide_bracket
-        "load": {"mode": "capacity", "search": "concurrency", "max_steps": 2, "requests_per_step": 16,
-                 "warmup": 1, "min_waves": 1, "refine_steps": 0, "max_bracket": 0.001},
-        "telemetry": {"source": "sim", "hz": 5},
-        "confirm": {"top_k": 1, "repeats": 3},
+        load={"max_steps": 2, "requests_per_step": 16, "warmup": 1, "min_waves": 1, "refine_steps": 0,
+              "max_bracket": 0.001},
+        confirm={"top_k": 1, "repeats": 3},
         # trial 1 is fixed (each process seeds its sampler differently; a sampled candidate might break a
         # known constraint and leave the numbering to chance)
-        "enqueue": [{"max_num_seqs": 64, "max_num_batched_tokens": 8192}],
-        "storage": f"sqlite:///{tmp_path}/conf.db",
-    }
-    path = tmp_path / "conf.yaml"
-    path.write_text(yaml.safe_dump(spec))
-    return path
+        enqueue=[{"max_num_seqs": 64, "max_num_batched_tokens": 8192}])
 
 
 def _q(db: Path, sql: str) -> list[tuple]:
@@ -51,8 +39,8 @@ def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run([*AUTOTUNE, *args], capture_output=True, text=True, timeout=300, cwd=cwd, env=ENV)
 
 
-def test_confirm_on_the_simulator(tmp_path: Path, servers_in) -> None:
-    spec, db = _spec(tmp_path), tmp_path / "conf.db"
+def test_confirm_on_the_simulator(tmp_path: Path, servers_in, sim_spec) -> None:
+    spec, db = _spec(sim_spec), tmp_path / "conf.db"
     url = f"sqlite:///{db}"
     p = _cli("run", "--study", str(spec), "--n-trials", "2", "--no-progress", "--no-confirm", cwd=tmp_path)
     assert p.returncode == 0, p.stderr

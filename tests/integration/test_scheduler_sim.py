@@ -12,25 +12,10 @@ import time
 from pathlib import Path
 
 import psutil
-import yaml
 
 
-def _spec(tmp_path: Path, name: str = "sched", time_scale: int = 40, requests_per_step: int = 40) -> Path:
-    spec = {
-        "name": name, "model": "llama-3.1-8b",
-        "engine": {"kind": "sim", "gpu": "H100", "num_gpus": 1, "time_scale": time_scale,
-                   "extra_flags": ["--max-model-len", "4096"], "startup_timeout_s": 60},
-        "search_space": "default",
-        "workload": {"kind": "random", "input_len": 512, "output_len": 64},
-        "slo": "ttft:p99<=1s",
-        "load": {"mode": "capacity", "search": "concurrency", "max_steps": 3, "requests_per_step": requests_per_step,
-                 "warmup": 2},
-        "telemetry": {"source": "sim", "hz": 5},
-        "storage": f"sqlite:///{tmp_path}/{name}.db",
-    }
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(spec))
-    return path
+def _spec(sim_spec, name: str = "sched", requests_per_step: int = 40) -> Path:
+    return sim_spec(name, load={"requests_per_step": requests_per_step})
 
 
 def _q(db: Path, sql: str, *args) -> list[tuple]:
@@ -45,9 +30,9 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_parallel_two_on_four_virtual_gpus_overlaps_and_records_leases(autotune_run, servers_in,
+def test_parallel_two_on_four_virtual_gpus_overlaps_and_records_leases(autotune_run, servers_in, sim_spec,
                                                                          tmp_path: Path) -> None:
-    spec = _spec(tmp_path)
+    spec = _spec(sim_spec)
     db = tmp_path / "sched.db"
     run = autotune_run(["run", "--study", str(spec), "--n-trials", "4", "--gpus", "0-3", "--parallel", "2",
                         "--no-progress"], tmp_path)
@@ -77,7 +62,7 @@ def test_parallel_two_on_four_virtual_gpus_overlaps_and_records_leases(autotune_
 
     # SIGTERM with two trials in a load step (long steps: 400 requests): both are interrupted at once
     # and re-queued, and no server survives.
-    stop_spec = _spec(tmp_path, "stop", requests_per_step=400)
+    stop_spec = _spec(sim_spec, "stop", requests_per_step=400)
     stop_db = tmp_path / "stop.db"
     run = autotune_run(["run", "--study", str(stop_spec), "--n-trials", "8", "--gpus", "0-3", "--parallel", "2",
                         "--no-progress"], tmp_path)
@@ -136,8 +121,9 @@ def _check_study(db: Path, lines: list[str]) -> list[tuple]:
     return rows
 
 
-def test_two_processes_share_one_sqlite_study(autotune_run, servers_in, monkeypatch, tmp_path: Path) -> None:
-    spec = _spec(tmp_path, "shared")
+def test_two_processes_share_one_sqlite_study(autotune_run, servers_in, monkeypatch, sim_spec,
+                                              tmp_path: Path) -> None:
+    spec = _spec(sim_spec, "shared")
     db = tmp_path / "shared.db"
     a, b = _two_runs(autotune_run, monkeypatch, tmp_path, spec, None)
     assert a.finish(400) == 0, "\n".join(a.lines)
@@ -151,11 +137,11 @@ def test_two_processes_share_one_sqlite_study(autotune_run, servers_in, monkeypa
     assert not servers_in(tmp_path, "sim-serve")
 
 
-def test_sigkill_of_one_process_the_other_reruns_its_trial_once(autotune_run, servers_in, monkeypatch,
+def test_sigkill_of_one_process_the_other_reruns_its_trial_once(autotune_run, servers_in, monkeypatch, sim_spec,
                                                                tmp_path: Path) -> None:
     # Two "hosts" (AUTOTUNE_HOST), so only the heartbeat (1 s, stale after 3 s) can tell that a is dead.
     monkeypatch.setenv("AUTOTUNE_HEARTBEAT_S", "1")
-    spec = _spec(tmp_path, "killed")
+    spec = _spec(sim_spec, "killed")
     db = tmp_path / "killed.db"
     a, b = _two_runs(autotune_run, monkeypatch, tmp_path, spec, ("host-a", "host-b"))
     a.wait_for(_in_capacity_search, 240)

@@ -9,26 +9,11 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-import yaml
 
 
-
-def _spec(tmp_path: Path) -> Path:
-    spec = {
-        "name": "loop", "model": "llama-3.1-8b",
-        "engine": {"kind": "sim", "gpu": "H100", "num_gpus": 1, "time_scale": 20,
-                   "extra_flags": ["--max-model-len", "4096"], "startup_timeout_s": 60},
-        "search_space": "default",
-        "workload": {"kind": "random", "input_len": 512, "output_len": 64},
-        "slo": "ttft:p99<=1s",
-        "load": {"mode": "capacity", "search": "concurrency", "max_steps": 3, "requests_per_step": 40, "warmup": 2},
-        "telemetry": {"source": "sim", "hz": 5},
-        "storage": f"sqlite:///{tmp_path}/loop.db",
-        "confirm": {"enabled": False},   # interrupts and resume of the trials; confirmation: test_confirm_sim.py
-    }
-    path = tmp_path / "loop.yaml"
-    path.write_text(yaml.safe_dump(spec))
-    return path
+def _spec(sim_spec) -> Path:
+    """Confirmation off: this file is about interrupts and resume (confirmation: test_confirm_sim.py)."""
+    return sim_spec("loop", engine={"time_scale": 20}, confirm={"enabled": False})
 
 
 def _evidence(db: Path) -> list[tuple]:
@@ -36,8 +21,9 @@ def _evidence(db: Path) -> list[tuple]:
         return conn.execute("select number, state, cause, params, role from autotune_trials order by number").fetchall()
 
 
-def test_sigterm_interrupts_then_resume_finishes_without_replaying(autotune_run, servers_in, tmp_path: Path) -> None:
-    spec = _spec(tmp_path)
+def test_sigterm_interrupts_then_resume_finishes_without_replaying(autotune_run, servers_in, sim_spec,
+                                                                   tmp_path: Path) -> None:
+    spec = _spec(sim_spec)
     args = ["run", "--study", str(spec), "--n-trials", "5", "--no-progress"]
     first = autotune_run(args, tmp_path)
     first.wait_for(lambda ls: any(l.startswith("[trial 2]") for l in ls) and "capacity search" in ls[-1], 180)
@@ -61,8 +47,9 @@ def test_sigterm_interrupts_then_resume_finishes_without_replaying(autotune_run,
     assert not servers_in(tmp_path, "sim-serve")
 
 
-def test_timeout_stops_this_invocation_and_the_next_one_continues(autotune_run, servers_in, tmp_path: Path) -> None:
-    spec = _spec(tmp_path)
+def test_timeout_stops_this_invocation_and_the_next_one_continues(autotune_run, servers_in, sim_spec,
+                                                                  tmp_path: Path) -> None:
+    spec = _spec(sim_spec)
     first = autotune_run(["run", "--study", str(spec), "--n-trials", "50", "--timeout", "25s", "--no-progress"], tmp_path)
     assert first.finish(120) == 0
     assert "stopped by timeout" in first.lines[-1]
@@ -75,8 +62,9 @@ def test_timeout_stops_this_invocation_and_the_next_one_continues(autotune_run, 
 
 
 @pytest.mark.parametrize("signame", ["SIGINT"])
-def test_ctrl_c_is_handled_like_sigterm(autotune_run, servers_in, tmp_path: Path, signame: str) -> None:
-    spec = _spec(tmp_path)
+def test_ctrl_c_is_handled_like_sigterm(autotune_run, servers_in, sim_spec, tmp_path: Path,
+                                        signame: str) -> None:
+    spec = _spec(sim_spec)
     run = autotune_run(["run", "--study", str(spec), "--n-trials", "3", "--no-progress"], tmp_path)
     run.wait_for(lambda ls: any(l.startswith("[trial 1]") for l in ls) and "capacity search" in ls[-1], 180)
     run.proc.send_signal(getattr(signal, signame))

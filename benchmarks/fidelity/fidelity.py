@@ -1,0 +1,193 @@
+#!/usr/bin/env python3
+"""The fidelity matrix: `autotune bench` beside `vllm bench serve` over a grid of prompt lengths, output
+lengths and concurrencies (1 to the server's batch limit) plus one open-loop rate row, on the vLLM CPU
+build with the demo model. One pass starts one server and measures every cell in ABBA order (A = autotune,
+B = vLLM's client; the order flips every pair so that a machine drifting slower costs both alike), with
+the prefix cache off and reset before every run. Run it twice at different times: a gap that shows in
+one pass only is the machine's drift, not a client's.
+
+The server and the clients are pinned apart (`--pin 0:1`, as `bench_vs_vllm.py --pin` explains): on two
+shared cores a client that costs more CPU would otherwise slow the server it measures.
+
+    .venv/bin/python benchmarks/fidelity/fidelity.py --pass-name a      # one pass -> pass-a.json
+    .venv/bin/python benchmarks/fidelity/fidelity.py --table            # RESULTS table from every pass
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from statistics import mean, median
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+from bench_vs_vllm import (MODEL, PEER, PY, _children_cpu_s, parse_pin, pinned, start_vllm,  # noqa: E402
+                           stop_vllm, tree_cpu_s)
+
+KEYS = ("median_ttft_ms", "mean_ttft_ms", "median_tpot_ms", "mean_tpot_ms", "output_throughput")
+MAX_MODEL_LEN = 1024    # start_vllm's --max-model-len; the longest prompt leaves room for its output
+BATCH_LIMIT = 16        # start_vllm's --max-num-seqs: concurrency 16 is the server's saturation
+
+
+def grid() -> list[dict]:
+    """Prompt lengths short / medium / near the model's limit, outputs short / long, concurrency 1 and the
+    batch limit on every pair, a middle concurrency on one pair, and one Poisson-rate row. Request counts
+    keep each measured run near 5-10 s on one pinned core, so both clients see several waves."""
+    cells = []
+    for inp in (32, 256, 880):
+        for out in (16, 128):
+            for conc in (1, BATCH_LIMIT):
+                n = (24 if out == 16 else 10) if conc == 1 else (96 if out == 16 else 48)
+                cells.append({"input_len": inp, "output_len": out, "concurrency": conc, "rate": None,
+                              "num_requests": n, "warmup": max(2, conc)})
+    cells.append({"input_len": 256, "output_len": 128, "concurrency": 4, "rate": None, "num_requests": 24,
+                  "warmup": 4})
+    cells.append({"input_len": 256, "output_len": 128, "concurrency": None, "rate": 4.0, "num_requests": 48,
+                  "warmup": 2})
+    for c in cells:
+        assert c["input_len"] + c["output_len"] <= MAX_MODEL_LEN
+    return cells
+
+
+def cell_name(c: dict) -> str:
+    load = f"c={c['concurrency']}" if c["rate"] is None else f"rate={c['rate']:g}/s"
+    return f"{c['input_len']}/{c['output_len']} {load}"
+
+
+def ours(url: str, c: dict, out: Path, cpus: str | None) -> dict:
+    load = ["--concurrency", str(c["concurrency"])] if c["rate"] is None else ["--rate", str(c["rate"])]
+    subprocess.run(pinned([PY, "-m", "autotune", "bench", "--url", url, "--model", MODEL, "--workload",
+                           f"random:input_len={c['input_len']},output_len={c['output_len']}", *load,
+                           "--num-requests", str(c["num_requests"]), "--warmup", str(c["warmup"]),
+                           "--json", str(out)], cpus), check=True, capture_output=True, text=True, timeout=900)
+    return json.loads(out.read_text())
+
+
+def theirs(url: str, c: dict, out: Path, cpus: str | None) -> dict:
+    load = (["--max-concurrency", str(c["concurrency"])] if c["rate"] is None
+            else ["--request-rate", str(c["rate"])])
+    subprocess.run(pinned([PY, PEER, "--backend", "vllm", "--base-url", url, "--model", MODEL,
+                           "--dataset-name", "random", "--random-input-len", str(c["input_len"]),
+                           "--random-output-len", str(c["output_len"]), "--num-prompts", str(c["num_requests"]),
+                           *load, "--num-warmups", str(c["warmup"]), "--ignore-eos", "--disable-tqdm",
+                           "--save-result", "--result-dir", str(out.parent), "--result-filename", out.name,
+                           "--percentile-metrics", "ttft,tpot,itl,e2el"], cpus),
+                   check=True, capture_output=True, text=True, timeout=900)
+    return json.loads(out.read_text())
+
+
+def reset_cache(url: str) -> None:
+    urllib.request.urlopen(urllib.request.Request(url + "/reset_prefix_cache", method="POST"), timeout=30)
+
+
+def run_pass(a: argparse.Namespace) -> Path:
+    server_cpus, client_cpus = parse_pin(a.pin) if a.pin else (None, None)
+    cells = grid()
+    if a.only:
+        cells = [c for c in cells if cell_name(c) in a.only]
+    res: dict = {"pass": a.pass_name, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+                 "machine": f"{platform.node()} {os.cpu_count()} cores", "model": MODEL,
+                 "server": f"max-model-len {MAX_MODEL_LEN}, max-num-seqs {BATCH_LIMIT}, prefix caching off, "
+                           "bfloat16, enforce-eager (benchmarks/bench_vs_vllm.py start_vllm)",
+                 "pin": {"server_cpus": server_cpus, "client_cpus": client_cpus}, "pairs": a.pairs, "runs": []}
+    url = f"http://127.0.0.1:{a.port}"
+    out_path = HERE / f"pass-{a.pass_name}.json"
+    with tempfile.TemporaryDirectory() as td:
+        tmp = Path(td)
+        server = start_vllm(a.port, tmp / "vllm.log", no_cache=True, cpus=server_cpus)
+        try:
+            theirs(url, cells[0], tmp / "discard.json", client_cpus)   # the first run after start is slow
+            for ci, c in enumerate(cells):
+                for i in range(a.pairs):
+                    pair = (("autotune", ours), ("vllm", theirs))
+                    for name, fn in (pair if (i + ci) % 2 == 0 else pair[::-1]):
+                        reset_cache(url)
+                        la = os.getloadavg()[0]
+                        srv0, cli0, t0 = tree_cpu_s(server.pid), _children_cpu_s(), time.monotonic()
+                        x = fn(url, c, tmp / f"{name}-{ci}-{i}.json", client_cpus)
+                        row = {"cell": cell_name(c), **c, "client": name, "pair": i,
+                               "load_avg_1m_before": la, "wall_s": time.monotonic() - t0,
+                               "client_cpu_s": _children_cpu_s() - cli0, "server_cpu_s": tree_cpu_s(server.pid) - srv0,
+                               **{k: x[k] for k in KEYS}, "completed": x["completed"], "failed": x["failed"],
+                               "total_output_tokens": x.get("total_output_tokens"), "duration": x.get("duration")}
+                        res["runs"].append(row)
+                        print(json.dumps(row), flush=True)
+                out_path.write_text(json.dumps(res, indent=1) + "\n")   # a cut pass keeps its cells
+        finally:
+            stop_vllm(server)
+    res["finished"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+    out_path.write_text(json.dumps(res, indent=1) + "\n")
+    return out_path
+
+
+def ratios(runs: list[dict]) -> dict[str, dict[str, float]]:
+    """Per metric: autotune / vLLM on the medians of each client's runs, and the mean of the per-pair
+    ratios (pairs are back to back, so they see the least drift)."""
+    out = {}
+    for k in KEYS:
+        a = [r[k] for r in runs if r["client"] == "autotune"]
+        v = [r[k] for r in runs if r["client"] == "vllm"]
+        per = [ra[k] / rv[k] for ra in runs for rv in runs
+               if ra["client"] == "autotune" and rv["client"] == "vllm" and ra["pair"] == rv["pair"] and rv[k]]
+        out[k] = {"of_medians": median(a) / median(v) if a and v and median(v) else math.nan,
+                  "pair_mean": mean(per) if per else math.nan,
+                  "ours": median(a) if a else math.nan, "vllm": median(v) if v else math.nan}
+    return out
+
+
+def table() -> str:
+    passes = sorted(HERE.glob("pass-*.json"))
+    docs = [json.loads(p.read_text()) for p in passes]
+    cells = [cell_name(c) for c in grid()]
+    head = "| cell | " + " | ".join(f"{k} ({d['pass']})" for k in KEYS for d in docs) + " |"
+    lines = [head, "|" + "---|" * (1 + len(KEYS) * len(docs))]
+    off: dict[str, list[str]] = {}
+    for name in cells:
+        row = [name]
+        for k in KEYS:
+            for d in docs:
+                runs = [r for r in d["runs"] if r["cell"] == name]
+                if not runs:
+                    row.append("-")
+                    continue
+                r = ratios(runs)[k]["of_medians"]
+                bad = abs(r - 1) > 0.05
+                if bad:
+                    off.setdefault(f"{name} {k}", []).append(d["pass"])
+                row.append(f"**{r:.3f}**" if bad else f"{r:.3f}")
+        lines.append("| " + " | ".join(row) + " |")
+    both = [key for key, ps in off.items() if len(ps) == len(docs) and len(docs) > 1]
+    lines.append("")
+    lines.append(f"Ratios autotune / vLLM of the medians over each client's runs; bold: off by more than 5 %. "
+                 f"Off in every pass: {', '.join(both) if both else 'none'}.")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--pass-name", help="label of this pass: writes pass-NAME.json")
+    ap.add_argument("--pairs", type=int, default=3, help="ABBA pairs per cell (>= 3 runs of each client)")
+    ap.add_argument("--pin", default="0:1", metavar="SERVER:CLIENT")
+    ap.add_argument("--port", type=int, default=18811)
+    ap.add_argument("--only", nargs="*", help="cells by name (e.g. '32/16 c=1'): re-measure those only")
+    ap.add_argument("--table", action="store_true", help="print the table from every pass-*.json")
+    a = ap.parse_args()
+    if a.table:
+        print(table())
+        return
+    if not a.pass_name:
+        ap.error("--pass-name is required for a pass")
+    print(run_pass(a))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,92 @@
+#!/usr/bin/env python3
+"""Why a fidelity cell differs: the server's own counters (`/metrics`: prompt and generated tokens,
+requests, and vLLM's server-side TTFT and time-per-output-token histograms) read before and after each
+client's run, so the two clients' requests can be compared by what the server saw and how long the server
+says they took, not by what each client reports.
+
+    .venv/bin/python benchmarks/fidelity/diagnose.py --cell "32/128 c=1" --pairs 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from fidelity import cell_name, grid, ours, reset_cache, theirs  # noqa: E402
+from bench_vs_vllm import parse_pin, start_vllm, stop_vllm  # noqa: E402
+
+COUNTERS = {"prompt_tokens": "vllm:prompt_tokens_total", "generation_tokens": "vllm:generation_tokens_total",
+            "requests": "vllm:request_success_total",
+            "ttft_sum": "vllm:time_to_first_token_seconds_sum", "ttft_count": "vllm:time_to_first_token_seconds_count",
+            "tpot_sum": "vllm:request_time_per_output_token_seconds_sum",
+            "tpot_count": "vllm:request_time_per_output_token_seconds_count",
+            "itl_sum": "vllm:inter_token_latency_seconds_sum", "itl_count": "vllm:inter_token_latency_seconds_count"}
+
+
+def scrape(url: str) -> dict[str, float]:
+    text = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
+    out = {}
+    for key, name in COUNTERS.items():
+        total = 0.0
+        for m in re.finditer(rf"^{re.escape(name)}(?:{{[^}}]*}})? ([0-9.eE+-]+)$", text, re.M):
+            total += float(m.group(1))
+        out[key] = total
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cell", required=True)
+    ap.add_argument("--pairs", type=int, default=2)
+    ap.add_argument("--pin", default="0:1")
+    ap.add_argument("--port", type=int, default=18812)
+    ap.add_argument("--out", default=str(HERE / "diagnose.json"))
+    a = ap.parse_args()
+    cell = next(c for c in grid() if cell_name(c) == a.cell)
+    server_cpus, client_cpus = parse_pin(a.pin)
+    url = f"http://127.0.0.1:{a.port}"
+    rows = []
+    with tempfile.TemporaryDirectory() as td:
+        tmp = Path(td)
+        server = start_vllm(a.port, tmp / "vllm.log", no_cache=True, cpus=server_cpus)
+        try:
+            theirs(url, cell, tmp / "discard.json", client_cpus)
+            for i in range(a.pairs):
+                for name, fn in ((("autotune", ours), ("vllm", theirs)) if i % 2 == 0
+                                 else (("vllm", theirs), ("autotune", ours))):
+                    reset_cache(url)
+                    before = scrape(url)
+                    x = fn(url, cell, tmp / f"{name}{i}.json", client_cpus)
+                    time.sleep(1)
+                    after = scrape(url)
+                    d = {k: after[k] - before[k] for k in COUNTERS}
+                    n = d["requests"] or 1
+                    row = {"client": name, "pair": i, "server_requests": d["requests"],
+                           "server_prompt_tokens_per_request": d["prompt_tokens"] / n,
+                           "server_generated_tokens_per_request": d["generation_tokens"] / n,
+                           "server_mean_ttft_ms": 1000 * d["ttft_sum"] / (d["ttft_count"] or 1),
+                           "server_mean_tpot_ms": 1000 * d["tpot_sum"] / (d["tpot_count"] or 1),
+                           "server_mean_itl_ms": 1000 * d["itl_sum"] / (d["itl_count"] or 1),
+                           "client_total_input_tokens": x.get("total_input_tokens"),
+                           "client_completed": x.get("completed"),
+                           "client_mean_ttft_ms": x["mean_ttft_ms"], "client_mean_tpot_ms": x["mean_tpot_ms"],
+                           "client_output_throughput": x["output_throughput"]}
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+        finally:
+            stop_vllm(server)
+    Path(a.out).write_text(json.dumps({"cell": a.cell, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+                                       "note": "server counters include each client's warm-up requests",
+                                       "rows": rows}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

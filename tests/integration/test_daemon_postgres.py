@@ -249,5 +249,6 @@ def test_a_postgres_restart_mid_trial_is_survived(postgres_server, postgres_url:
     assert numbers == sorted(set(numbers)) == sorted(optuna_states), (rows, optuna_states)   # each once
     assert set(optuna_states.values()) == {"COMPLETE"} and len(optuna_states) == n_trials, optuna_states
     assert requeued == 0 and running == 0
-    assert all(state in ("ok", "infeasible") for _, state, _ in rows), rows
+    # a sampled candidate may break a known constraint and be rejected without a launch (seeds differ per process)
+    assert all(state in ("ok", "infeasible") or cause == "constraint" for _, state, cause in rows), rows
     assert in_flight in numbers and dict((n, s) for n, s, _ in rows)[in_flight] != "interrupted"

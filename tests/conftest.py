@@ -158,11 +158,18 @@ def autotune_run() -> Iterator[Any]:
             run.proc.wait(timeout=30)
 
 
+# Every candidate of this space launches: no token budget to fall below max-model-len or max-num-seqs. The
+# default space can draw one that the known-constraint check rejects without a launch, and samplers are
+# seeded per process, so a test that waits for launched trials would depend on the draw.
+LAUNCHABLE_SPACE: dict[str, Any] = {"params": {
+    "gpu_memory_utilization": {"type": "float", "low": 0.8, "high": 0.95},
+    "max_num_seqs": {"type": "int", "low": 8, "high": 256, "log": True}}}
+
 SIM_STUDY: dict[str, Any] = {
     "model": "llama-3.1-8b",
     "engine": {"kind": "sim", "gpu": "H100", "num_gpus": 1, "time_scale": 40,
                "extra_flags": ["--max-model-len", "4096"], "startup_timeout_s": 60},
-    "search_space": "default",
+    "search_space": LAUNCHABLE_SPACE,
     "workload": {"kind": "random", "input_len": 512, "output_len": 64},
     "slo": "ttft:p99<=1s",
     "load": {"mode": "capacity", "search": "concurrency", "max_steps": 3, "requests_per_step": 40, "warmup": 2},
@@ -173,7 +180,7 @@ SIM_STUDY: dict[str, Any] = {
 @pytest.fixture()
 def sim_spec(tmp_path: Path):
     """`sim_spec(name, **changes)` writes `tmp_path/NAME.yaml`: an 8B study on one simulated H100 at 40x
-    stored in `tmp_path/NAME.db`, seconds a trial. A dict change merges into that section (`load=
+    over LAUNCHABLE_SPACE, stored in `tmp_path/NAME.db`, seconds a trial. A dict change merges into that section (`load=
     {"max_steps": 2}` keeps the other load keys); anything else replaces it."""
     import copy
 
@@ -190,6 +197,14 @@ def sim_spec(tmp_path: Path):
         return path
 
     return write
+
+
+@pytest.fixture()
+def launchable_space() -> dict[str, Any]:
+    """A search space whose every candidate launches (see LAUNCHABLE_SPACE)."""
+    import copy
+
+    return copy.deepcopy(LAUNCHABLE_SPACE)
 
 
 @pytest.fixture()

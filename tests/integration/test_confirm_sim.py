@@ -21,6 +21,7 @@ ENV = {**os.environ, "PYTHONPATH": str(REPO)}   # this checkout's autotune, what
 def _spec(sim_spec) -> Path:
     return sim_spec(
         "conf", engine={"time_scale": 50}, workload={"kind": "random", "input_len": 256, "output_len": 32},
+        search_space="default",
         # two steps and no refinement against a 0.1 % bracket limit: every first run is flagged wide_bracket
         load={"max_steps": 2, "requests_per_step": 16, "warmup": 1, "min_waves": 1, "refine_steps": 0,
               "max_bracket": 0.001},

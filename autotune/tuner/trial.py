@@ -219,6 +219,8 @@ class TrialRunner:
             summary = sampler.stop()
         elapsed = time.monotonic() - t0
         died = server.failure()
+        if died is None and (hung is not None or _requests_failed(measurement, capacity)):
+            died = _exit_within(server, EXIT_GRACE_S)
         outcome = TrialOutcome("ok", startup=startup, telemetry=summary, log_path=str(log_path),
                                log_tail=server.log_tail())
         if died is not None:
@@ -355,3 +357,24 @@ def outcome_evidence(outcome: TrialOutcome) -> dict[str, Any]:
         "log_path": outcome.log_path, "log_tail": outcome.log_tail,
         "measurement_flags": list(outcome.flags),
     }
+
+
+# A server that dies under load has closed its sockets before its process is gone (the kernel closes a
+# dying process's files before its parent can reap it; vLLM's API server shuts down only after noticing
+# that its engine core died), so the client's failed requests can come back while the process still
+# looks alive. Judged at once, such a trial would be "ok" with the figures of its surviving requests.
+EXIT_GRACE_S = 5.0
+
+
+def _requests_failed(measurement: Measurement | None, capacity: dict[str, Any] | None) -> bool:
+    if measurement is not None and measurement.metrics.get("failed"):
+        return True
+    return any(step.get("failed") for step in (capacity or {}).get("steps", []))
+
+
+def _exit_within(server: Server, grace_s: float) -> EngineFailure | None:
+    """The server's cause of death if it dies within grace_s; None if it is still running then."""
+    deadline = time.monotonic() + grace_s
+    while (died := server.failure()) is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return died

@@ -111,6 +111,19 @@ def test_each_fault_is_a_trial_with_its_cause_and_nothing_is_left(mode: str, tmp
     assert took < 60, f"{mode} took {took:.0f} s"
 
 
+@pytest.mark.parametrize("mode, cause", [("oom-load", causes.RUNTIME_OOM), ("crash-load", causes.CRASH)])
+def test_a_server_whose_requests_fail_before_its_process_exits_is_a_failed_trial(
+        mode: str, cause: str, tmp_path: Path, demo_model_dir: Path) -> None:
+    """vLLM's engine core dies: the requests fail at once, the API server exits a moment later. The trial
+    is the death, with its cause, not a measurement of the requests that came back (seen in CI: a runtime
+    OOM recorded as `ok` because the client finished before the process was gone)."""
+    spec = study(tmp_path, demo_model_dir, mode, env={"STANDIN_EXIT_DELAY_MS": "1500"})
+    assert run(spec) == 0
+    (number, state, got, detail, log_tail, log_path), = rows(tmp_path)
+    assert (state, got) == ("failed", cause), detail
+    assert not left_behind(tmp_path)
+
+
 @pytest.mark.parametrize("after, warmup, words", [
     (12, 0, "server stopped answering mid-stream: "),       # 12 requests answered, then every stream stalls
     (0, 2, "server stopped answering: every warm-up request failed: stalled: no byte for 2 s"),

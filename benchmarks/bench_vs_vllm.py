@@ -130,23 +130,47 @@ def stop_vllm(server: subprocess.Popen) -> None:
         os.killpg(server.pid, signal.SIGKILL)
 
 
-def ours(url: str, a: argparse.Namespace, out: Path) -> dict:
+def run_ours(url: str, cell: dict, out: Path, cpus: str | None) -> dict:
+    """`autotune bench` on one load: `cell` holds input_len, output_len, num_requests, warmup and either
+    concurrency (closed loop) or rate (Poisson, requests/s)."""
+    load = (["--concurrency", str(cell["concurrency"])] if cell.get("rate") is None
+            else ["--rate", str(cell["rate"])])
     subprocess.run(pinned([PY, "-m", "autotune", "bench", "--url", url, "--model", MODEL, "--workload",
-                    f"random:input_len={a.input_len},output_len={a.output_len}", "--concurrency", str(a.concurrency),
-                    "--num-requests", str(a.num_requests), "--warmup", str(a.warmup), "--json", str(out)],
-                          a.client_cpus), check=True, capture_output=True, text=True, timeout=900)
+                           f"random:input_len={cell['input_len']},output_len={cell['output_len']}", *load,
+                           "--num-requests", str(cell["num_requests"]), "--warmup", str(cell["warmup"]),
+                           "--json", str(out)], cpus), check=True, capture_output=True, text=True, timeout=900)
     return json.loads(out.read_text())
+
+
+def run_theirs(url: str, cell: dict, out: Path, cpus: str | None) -> dict:
+    """`vllm bench serve` on the same load as run_ours."""
+    load = (["--max-concurrency", str(cell["concurrency"])] if cell.get("rate") is None
+            else ["--request-rate", str(cell["rate"])])
+    subprocess.run(pinned([PY, PEER, "--backend", "vllm", "--base-url", url, "--model", MODEL,
+                           "--dataset-name", "random", "--random-input-len", str(cell["input_len"]),
+                           "--random-output-len", str(cell["output_len"]), "--num-prompts",
+                           str(cell["num_requests"]), *load, "--num-warmups", str(cell["warmup"]), "--ignore-eos",
+                           "--disable-tqdm", "--save-result", "--result-dir", str(out.parent), "--result-filename",
+                           out.name, "--percentile-metrics", "ttft,tpot,itl,e2el"], cpus),
+                   check=True, capture_output=True, text=True, timeout=900)
+    return json.loads(out.read_text())
+
+
+def reset_prefix_cache(url: str) -> None:
+    """Both clients replay seeded prompts every run: without a reset, later runs hit the prefix cache."""
+    urllib.request.urlopen(urllib.request.Request(url + "/reset_prefix_cache", method="POST"), timeout=30)
+
+
+def _cell(a: argparse.Namespace) -> dict:
+    return {k: getattr(a, k) for k in ("input_len", "output_len", "concurrency", "num_requests", "warmup")}
+
+
+def ours(url: str, a: argparse.Namespace, out: Path) -> dict:
+    return run_ours(url, _cell(a), out, a.client_cpus)
 
 
 def theirs(url: str, a: argparse.Namespace, out: Path) -> dict:
-    subprocess.run(pinned([PY, PEER, "--backend", "vllm", "--base-url", url, "--model", MODEL, "--dataset-name", "random",
-                    "--random-input-len", str(a.input_len), "--random-output-len", str(a.output_len),
-                    "--num-prompts", str(a.num_requests), "--max-concurrency", str(a.concurrency),
-                    "--num-warmups", str(a.warmup), "--ignore-eos", "--disable-tqdm", "--save-result",
-                    "--result-dir", str(out.parent), "--result-filename", out.name,
-                    "--percentile-metrics", "ttft,tpot,itl,e2el"],
-                          a.client_cpus), check=True, capture_output=True, text=True, timeout=900)
-    return json.loads(out.read_text())
+    return run_theirs(url, _cell(a), out, a.client_cpus)
 
 
 def _children_cpu_s() -> float:
@@ -210,9 +234,7 @@ def main() -> None:
             for i in range(a.runs):
                 pair = (("autotune", ours), ("vllm", theirs))
                 for name, fn in (pair if i % 2 == 0 else pair[::-1]):   # ABBA: drift hits both alike
-                    # both clients replay the same seeded prompts every run: without a reset, later runs
-                    # hit the prefix cache and their TTFT drops
-                    urllib.request.urlopen(urllib.request.Request(url + "/reset_prefix_cache", method="POST"), timeout=30)
+                    reset_prefix_cache(url)
                     la = os.getloadavg()[0]
                     srv0, cli0 = tree_cpu_s(server.pid), _children_cpu_s()
                     t0 = time.monotonic()

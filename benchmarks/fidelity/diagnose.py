@@ -20,8 +20,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from fidelity import cell_name, grid, ours, reset_cache, theirs  # noqa: E402
-from bench_vs_vllm import parse_pin, start_vllm, stop_vllm  # noqa: E402
+from fidelity import cell_name, grid  # noqa: E402
+from bench_vs_vllm import parse_pin, reset_prefix_cache, run_ours, run_theirs, start_vllm, stop_vllm  # noqa: E402
 
 COUNTERS = {"prompt_tokens": "vllm:prompt_tokens_total", "generation_tokens": "vllm:generation_tokens_total",
             "requests": "vllm:request_success_total",
@@ -58,11 +58,11 @@ def main() -> None:
         tmp = Path(td)
         server = start_vllm(a.port, tmp / "vllm.log", no_cache=True, cpus=server_cpus)
         try:
-            theirs(url, cell, tmp / "discard.json", client_cpus)
+            run_theirs(url, cell, tmp / "discard.json", client_cpus)
             for i in range(a.pairs):
-                for name, fn in ((("autotune", ours), ("vllm", theirs)) if i % 2 == 0
-                                 else (("vllm", theirs), ("autotune", ours))):
-                    reset_cache(url)
+                for name, fn in ((("autotune", run_ours), ("vllm", run_theirs)) if i % 2 == 0
+                                 else (("vllm", run_theirs), ("autotune", run_ours))):
+                    reset_prefix_cache(url)
                     before = scrape(url)
                     x = fn(url, cell, tmp / f"{name}{i}.json", client_cpus)
                     time.sleep(1)

@@ -20,18 +20,16 @@ import json
 import math
 import os
 import platform
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from statistics import mean, median
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
-from bench_vs_vllm import (MODEL, PEER, PY, _children_cpu_s, parse_pin, pinned, start_vllm,  # noqa: E402
-                           stop_vllm, tree_cpu_s)
+from bench_vs_vllm import (MODEL, _children_cpu_s, parse_pin, reset_prefix_cache, run_ours,  # noqa: E402
+                           run_theirs, start_vllm, stop_vllm, tree_cpu_s)
 
 KEYS = ("median_ttft_ms", "mean_ttft_ms", "median_tpot_ms", "mean_tpot_ms", "output_throughput")
 MAX_MODEL_LEN = 1024    # start_vllm's --max-model-len; the longest prompt leaves room for its output
@@ -64,32 +62,6 @@ def cell_name(c: dict) -> str:
     return f"{c['input_len']}/{c['output_len']} {load}"
 
 
-def ours(url: str, c: dict, out: Path, cpus: str | None) -> dict:
-    load = ["--concurrency", str(c["concurrency"])] if c["rate"] is None else ["--rate", str(c["rate"])]
-    subprocess.run(pinned([PY, "-m", "autotune", "bench", "--url", url, "--model", MODEL, "--workload",
-                           f"random:input_len={c['input_len']},output_len={c['output_len']}", *load,
-                           "--num-requests", str(c["num_requests"]), "--warmup", str(c["warmup"]),
-                           "--json", str(out)], cpus), check=True, capture_output=True, text=True, timeout=900)
-    return json.loads(out.read_text())
-
-
-def theirs(url: str, c: dict, out: Path, cpus: str | None) -> dict:
-    load = (["--max-concurrency", str(c["concurrency"])] if c["rate"] is None
-            else ["--request-rate", str(c["rate"])])
-    subprocess.run(pinned([PY, PEER, "--backend", "vllm", "--base-url", url, "--model", MODEL,
-                           "--dataset-name", "random", "--random-input-len", str(c["input_len"]),
-                           "--random-output-len", str(c["output_len"]), "--num-prompts", str(c["num_requests"]),
-                           *load, "--num-warmups", str(c["warmup"]), "--ignore-eos", "--disable-tqdm",
-                           "--save-result", "--result-dir", str(out.parent), "--result-filename", out.name,
-                           "--percentile-metrics", "ttft,tpot,itl,e2el"], cpus),
-                   check=True, capture_output=True, text=True, timeout=900)
-    return json.loads(out.read_text())
-
-
-def reset_cache(url: str) -> None:
-    urllib.request.urlopen(urllib.request.Request(url + "/reset_prefix_cache", method="POST"), timeout=30)
-
-
 def run_pass(a: argparse.Namespace) -> Path:
     server_cpus, client_cpus = parse_pin(a.pin) if a.pin else (None, None)
     cells = grid()
@@ -106,12 +78,12 @@ def run_pass(a: argparse.Namespace) -> Path:
         tmp = Path(td)
         server = start_vllm(a.port, tmp / "vllm.log", no_cache=True, cpus=server_cpus)
         try:
-            theirs(url, cells[0], tmp / "discard.json", client_cpus)   # the first run after start is slow
+            run_theirs(url, cells[0], tmp / "discard.json", client_cpus)   # the first run after start is slow
             for ci, c in enumerate(cells):
                 for i in range(a.pairs):
-                    pair = (("autotune", ours), ("vllm", theirs))
+                    pair = (("autotune", run_ours), ("vllm", run_theirs))
                     for name, fn in (pair if (i + ci) % 2 == 0 else pair[::-1]):
-                        reset_cache(url)
+                        reset_prefix_cache(url)
                         la = os.getloadavg()[0]
                         srv0, cli0, t0 = tree_cpu_s(server.pid), _children_cpu_s(), time.monotonic()
                         x = fn(url, c, tmp / f"{name}-{ci}-{i}.json", client_cpus)

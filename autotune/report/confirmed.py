@@ -52,9 +52,14 @@ def confirmation_lines(study: StudyRecord, trials: Sequence[TrialRecord], confir
             c.pending for c in confirmed.values()) else "NOTHING SURVIVED CONFIRMATION: no configuration is exported")
         return lines
     base = confirmed.get(baseline.number) if baseline is not None else None
-    if base is None or not base.survives:
+    if base is None or not any(r.state == "ok" for r in base.rows):
         lines.append("no confirmed baseline: no verdict against vLLM's defaults")
         return lines
+    if not base.survives:
+        # its repeats still measured the defaults in the candidates' own rounds: the export's header states
+        # this verdict, so `show` must not withhold it
+        lines.append(f"the baseline #{base.trial.number} left the front ({base.why_not}); its repeats are "
+                     "still the paired reference of the verdict")
     groups = {"output-preserving": [c for c in alive if c is not base and not c.quality_changing],
               "quality-changing": [c for c in alive if c.quality_changing]}
     name, direction = study.objectives[0]

@@ -9,6 +9,7 @@ import math
 import pytest
 
 from autotune.bench import measurement_flags as mflags
+from autotune.report.confirmed import confirmation_lines, export_header
 from autotune.store.models import ConfirmationRecord, StudyRecord, TrialRecord
 from autotune.tuner.confirm import pick_candidates, plan, round_seed
 from autotune.tuner.verdict import (export_choice, objective_verdict, paired_ratio_interval, relative_spread,
@@ -136,6 +137,28 @@ def test_a_candidate_leaves_the_front_on_a_failed_repeat_or_a_median_below_its_b
     rows = _rows(crashed, [(200, 20), (0, 0), (200, 20)], states=["ok", "failed", "ok"])
     choice = export_choice(s, [base, crashed], rows)
     assert choice.trial is None and choice.why.startswith("no candidate survived confirmation") and "\n" not in choice.why
+
+
+def test_show_and_the_export_header_give_one_verdict_when_the_baseline_left_the_front():
+    """As `make run` showed on the loaded box: the baseline's repeats fell below its first run's bracket and
+    it left the front; a candidate survived with a lower median. `show` used to say "no verdict" while the
+    export's header stated the paired one."""
+    s = _study()
+    base = _trial(0, "baseline", cap=55, tps=2026, bracket=[55, 224])
+    cand = _trial(1, cap=6, tps=295, bracket=[6, 12])
+    rows = _rows(base, [(935, 5), (900, 4), (1000, 6)], caps=[16, 15, 20]) + _rows(cand, [(589, 1), (560, 1), (600, 1)])
+    confirmed = summarize_confirmations(s, [base, cand], rows)
+    assert not confirmed[0].survives and confirmed[1].survives
+    choice = export_choice(s, [base, cand], rows)
+    assert choice.trial is cand
+    header = export_header(s, [base, cand], confirmed, choice)
+    shown = confirmation_lines(s, [base, cand], confirmed)
+    verdict = "; ".join(v.text() for v in confirmed[1].verdicts)
+    assert "worse" in verdict or "no gain" in verdict
+    assert f"against the baseline: {verdict}" in header
+    assert any(line.endswith(verdict) and "#1 against the baseline #0" in line for line in shown)
+    assert any("the baseline #0 left the front (median capacity 16 below" in line for line in shown)
+    assert not any("no confirmed baseline" in line for line in shown)
 
 
 def test_candidates_plan_and_seeds():

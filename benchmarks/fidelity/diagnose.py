@@ -10,6 +10,7 @@ says they took, not by what each client reports.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import re
 import sys
@@ -17,6 +18,7 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+from typing import Callable, Iterator
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -42,6 +44,38 @@ def scrape(url: str) -> dict[str, float]:
     return out
 
 
+@contextlib.contextmanager
+def pinned_server(port: int, server_cpus: str, warm: Callable[[Path], object]) -> Iterator[Path]:
+    """A vLLM server pinned to `server_cpus`, warmed by one discarded run (`warm(path)`), stopped by its
+    process group on the way out; yields a scratch folder for the runs' JSON."""
+    with tempfile.TemporaryDirectory() as td:
+        tmp = Path(td)
+        server = start_vllm(port, tmp / "vllm.log", no_cache=True, cpus=server_cpus)
+        try:
+            warm(tmp / "discard.json")
+            yield tmp
+        finally:
+            stop_vllm(server)
+
+
+def counted_run(url: str, run: Callable[[], dict]) -> tuple[dict, dict[str, float]]:
+    """One client run on a reset prefix cache, and the change of the server's own counters over it (read
+    one second after, so that the last request's histograms are in)."""
+    reset_prefix_cache(url)
+    before = scrape(url)
+    x = run()
+    time.sleep(1)
+    after = scrape(url)
+    return x, {k: after[k] - before[k] for k in COUNTERS}
+
+
+def server_means(d: dict[str, float]) -> dict[str, float]:
+    """The server's mean TTFT, TPOT and ITL (ms) over a counter change."""
+    return {"server_mean_ttft_ms": 1000 * d["ttft_sum"] / (d["ttft_count"] or 1),
+            "server_mean_tpot_ms": 1000 * d["tpot_sum"] / (d["tpot_count"] or 1),
+            "server_mean_itl_ms": 1000 * d["itl_sum"] / (d["itl_count"] or 1)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--cell", required=True)
@@ -54,35 +88,21 @@ def main() -> None:
     server_cpus, client_cpus = parse_pin(a.pin)
     url = f"http://127.0.0.1:{a.port}"
     rows = []
-    with tempfile.TemporaryDirectory() as td:
-        tmp = Path(td)
-        server = start_vllm(a.port, tmp / "vllm.log", no_cache=True, cpus=server_cpus)
-        try:
-            run_theirs(url, cell, tmp / "discard.json", client_cpus)
-            for i in range(a.pairs):
-                for name, fn in ((("autotune", run_ours), ("vllm", run_theirs)) if i % 2 == 0
-                                 else (("vllm", run_theirs), ("autotune", run_ours))):
-                    reset_prefix_cache(url)
-                    before = scrape(url)
-                    x = fn(url, cell, tmp / f"{name}{i}.json", client_cpus)
-                    time.sleep(1)
-                    after = scrape(url)
-                    d = {k: after[k] - before[k] for k in COUNTERS}
-                    n = d["requests"] or 1
-                    row = {"client": name, "pair": i, "server_requests": d["requests"],
-                           "server_prompt_tokens_per_request": d["prompt_tokens"] / n,
-                           "server_generated_tokens_per_request": d["generation_tokens"] / n,
-                           "server_mean_ttft_ms": 1000 * d["ttft_sum"] / (d["ttft_count"] or 1),
-                           "server_mean_tpot_ms": 1000 * d["tpot_sum"] / (d["tpot_count"] or 1),
-                           "server_mean_itl_ms": 1000 * d["itl_sum"] / (d["itl_count"] or 1),
-                           "client_total_input_tokens": x.get("total_input_tokens"),
-                           "client_completed": x.get("completed"),
-                           "client_mean_ttft_ms": x["mean_ttft_ms"], "client_mean_tpot_ms": x["mean_tpot_ms"],
-                           "client_output_throughput": x["output_throughput"]}
-                    rows.append(row)
-                    print(json.dumps(row), flush=True)
-        finally:
-            stop_vllm(server)
+    with pinned_server(a.port, server_cpus, lambda out: run_theirs(url, cell, out, client_cpus)) as tmp:
+        for i in range(a.pairs):
+            for name, fn in ((("autotune", run_ours), ("vllm", run_theirs)) if i % 2 == 0
+                             else (("vllm", run_theirs), ("autotune", run_ours))):
+                x, d = counted_run(url, lambda: fn(url, cell, tmp / f"{name}{i}.json", client_cpus))
+                n = d["requests"] or 1
+                row = {"client": name, "pair": i, "server_requests": d["requests"],
+                       "server_prompt_tokens_per_request": d["prompt_tokens"] / n,
+                       "server_generated_tokens_per_request": d["generation_tokens"] / n, **server_means(d),
+                       "client_total_input_tokens": x.get("total_input_tokens"),
+                       "client_completed": x.get("completed"),
+                       "client_mean_ttft_ms": x["mean_ttft_ms"], "client_mean_tpot_ms": x["mean_tpot_ms"],
+                       "client_output_throughput": x["output_throughput"]}
+                rows.append(row)
+                print(json.dumps(row), flush=True)
     Path(a.out).write_text(json.dumps({"cell": a.cell, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
                                        "note": "server counters include each client's warm-up requests",
                                        "rows": rows}, indent=1) + "\n")

@@ -21,16 +21,15 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
-from diagnose import COUNTERS, scrape  # noqa: E402
+from diagnose import counted_run, pinned_server, server_means  # noqa: E402
 from fidelity import cell_name, grid  # noqa: E402
-from bench_vs_vllm import parse_pin, pinned, reset_prefix_cache, run_ours, start_vllm, stop_vllm  # noqa: E402
+from bench_vs_vllm import parse_pin, pinned, run_ours  # noqa: E402
 
 SPIN = ("import time, sys\n"
         "duty = float(sys.argv[1]); period = 0.01\n"
@@ -69,34 +68,20 @@ def main() -> None:
     url = f"http://127.0.0.1:{a.port}"
     rows = []
     started = time.strftime("%Y-%m-%d %H:%M:%S %Z")
-    with tempfile.TemporaryDirectory() as td:
-        tmp = Path(td)
-        server = start_vllm(a.port, tmp / "vllm.log", no_cache=True, cpus=server_cpus)
-        try:
-            run_ours(url, cell, tmp / "discard.json", client_cpus)
-            for r in range(a.rounds):
-                for duty in (duties if r % 2 == 0 else duties[::-1]):
-                    reset_prefix_cache(url)
-                    spin = spinner(duty, client_cpus)
-                    try:
-                        time.sleep(0.5)
-                        before = scrape(url)
-                        x = run_ours(url, cell, tmp / f"r{r}-{duty}.json", client_cpus)
-                        time.sleep(1)
-                        after = scrape(url)
-                    finally:
-                        stop(spin)
-                    d = {k: after[k] - before[k] for k in COUNTERS}
-                    row = {"round": r, "spin_duty": duty,
-                           "server_mean_ttft_ms": 1000 * d["ttft_sum"] / (d["ttft_count"] or 1),
-                           "server_mean_tpot_ms": 1000 * d["tpot_sum"] / (d["tpot_count"] or 1),
-                           "server_mean_itl_ms": 1000 * d["itl_sum"] / (d["itl_count"] or 1),
-                           "client_mean_ttft_ms": x["mean_ttft_ms"], "client_mean_tpot_ms": x["mean_tpot_ms"],
-                           "client_output_throughput": x["output_throughput"]}
-                    rows.append(row)
-                    print(json.dumps(row), flush=True)
-        finally:
-            stop_vllm(server)
+    with pinned_server(a.port, server_cpus, lambda out: run_ours(url, cell, out, client_cpus)) as tmp:
+        for r in range(a.rounds):
+            for duty in (duties if r % 2 == 0 else duties[::-1]):
+                spin = spinner(duty, client_cpus)
+                try:
+                    time.sleep(0.5)
+                    x, d = counted_run(url, lambda: run_ours(url, cell, tmp / f"r{r}-{duty}.json", client_cpus))
+                finally:
+                    stop(spin)
+                row = {"round": r, "spin_duty": duty, **server_means(d),
+                       "client_mean_ttft_ms": x["mean_ttft_ms"], "client_mean_tpot_ms": x["mean_tpot_ms"],
+                       "client_output_throughput": x["output_throughput"]}
+                rows.append(row)
+                print(json.dumps(row), flush=True)
     Path(a.out).write_text(json.dumps({"cell": a.cell, "started": started,
                                        "finished": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
                                        "pin": {"server_cpus": server_cpus, "client_and_spinner_cpus": client_cpus},

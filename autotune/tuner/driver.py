@@ -226,8 +226,13 @@ class StudyDriver:
         assert self.heartbeats is not None
         stale = self.heartbeats.stale(str(t._trial_id) for t in running)
         requeued = []
+        told = []
         for t in running:
             if str(t._trial_id) not in stale:
+                continue
+            if self._tell_from_evidence(t):
+                told.append(t.number)
+                self.heartbeats.forget("trial", str(t._trial_id))
                 continue
             try:
                 self.study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
@@ -241,6 +246,36 @@ class StudyDriver:
         if requeued:
             self.progress.message(f"re-queued trial(s) {', '.join(map(str, requeued))}: their process "
                                   f"stopped beating (killed or cut off)")
+        if told:
+            self.progress.message(f"told trial(s) {', '.join(map(str, told))} from their saved evidence: their "
+                                  f"process stopped beating after measuring them")
+
+    def _tell_from_evidence(self, t: optuna.trial.FrozenTrial) -> bool:
+        """A process killed between saving a trial's evidence and telling Optuna (two writes) leaves a
+        measured trial RUNNING. Re-running it would cost a launch and leave two verdicts on one number
+        (our table 'ok', Optuna FAIL): tell Optuna what the evidence says instead. Only a finished row
+        whose told values can be rebuilt qualifies (an early-stopped trial's bound is not stored); the
+        search hooks that follow a tell (learned limits) do not run for it."""
+        rec = self.store.trial(self.record.id, t.number)
+        if rec is None or rec.state not in ("ok", "infeasible", "failed"):
+            return False
+        if rec.state == "failed":
+            history = [c.values for c in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                       if c.user_attrs.get("measured")]
+            values = placeholder_values(self.spec.objectives, history)
+        elif all(name in (rec.objectives or {}) for name in self.spec.objectives):
+            values = [float(rec.objectives[name]) for name in self.spec.objectives]
+        else:
+            return False
+        trial = optuna.trial.Trial(self.study, t._trial_id)
+        try:
+            for key, value in (rec.constraints or {}).items():
+                trial.set_constraint(key, float(value) if math.isfinite(value) else 1e9)
+            trial.set_user_attr("cause", rec.cause)
+            self.study.tell(trial, values)
+        except _LOST_RACE:
+            pass                            # another process told or failed it first, by this same rule
+        return True
 
     def _stop_leftovers(self) -> None:
         leftovers = dead_owner_servers(list(self.store.processes(self.spec.name)), self.host, bool(self._running))
@@ -466,7 +501,8 @@ class StudyDriver:
         flags = sorted(set(overlap.pop("measurement_flags")) | set(evidence.pop("measurement_flags", None) or ())
                        | ({"client_saturated"} if outcome.cause == causes.CLIENT_SATURATED else set()))
         # The evidence is written before Optuna is told: a storage that fails here (disk full) leaves the
-        # trial RUNNING in Optuna and 'running' in our table, which recovery re-queues; nothing half-told.
+        # trial RUNNING in Optuna and 'running' in our table, which recovery re-queues; a process killed
+        # between the two leaves a saved row, which recovery tells Optuna from (_tell_from_evidence).
         self.store.save_trial(self.record.id, job.number, objectives=measured, constraints=constraints,
                               finished_at=utcnow(), identity=self.identity, measurement_flags=flags,
                               **overlap, **evidence)
@@ -476,12 +512,14 @@ class StudyDriver:
             trial.set_user_attr("cause", outcome.cause)
             self.study.tell(trial, told)
         except (UpdateFinishedTrialError, ValueError, RuntimeError):
-            # another process judged us dead (stale heartbeat) and re-queued these parameters
-            evidence.update(state="interrupted", cause=causes.INTERRUPTED,
-                            detail="finished after another process had judged it dead (its heartbeat was stale) "
-                                   "and re-queued its parameters")
-            self.store.save_trial(self.record.id, job.number, state=evidence["state"], cause=evidence["cause"],
-                                  detail=evidence["detail"])
+            # Another process judged us dead (stale heartbeat). It told the trial from the evidence just
+            # saved (COMPLETE: the row stands), or it failed it and re-queued these parameters.
+            if self.study._storage.get_trial(job.trial_id).state != TrialState.COMPLETE:
+                evidence.update(state="interrupted", cause=causes.INTERRUPTED,
+                                detail="finished after another process had judged it dead (its heartbeat was "
+                                       "stale) and re-queued its parameters")
+                self.store.save_trial(self.record.id, job.number, state=evidence["state"],
+                                      cause=evidence["cause"], detail=evidence["detail"])
         if outcome.measurement is not None:
             rec = self.store.trial(self.record.id, job.number)
             assert rec is not None

@@ -78,6 +78,42 @@ def test_a_stale_trial_is_requeued_once_when_many_see_it(tmp_path: Path) -> None
         d.heartbeats.stop()
 
 
+def test_a_trial_measured_but_not_told_is_told_from_its_evidence_not_run_again(tmp_path: Path) -> None:
+    """The owner saves its evidence, then stops beating before Optuna hears (CI saw a SIGKILL land there:
+    the trial was re-run and the table said 'ok' where Optuna said FAIL). A watcher tells Optuna from the
+    saved row; the owner, alive after all, finds the trial told and leaves its row as it was."""
+    from autotune.tuner.trial import TrialOutcome
+    owner = _open(_driver(tmp_path, "host-slow"))
+    watcher = _open(_driver(tmp_path, "host-watch"))
+    job = owner.next_job()
+    assert job is not None
+    save = owner.store.save_trial
+
+    def save_then_be_judged_dead(study_id: int, number: int, **fields: Any) -> Any:
+        out = save(study_id, number, **fields)
+        if "objectives" in fields:                          # the finishing write, before the tell
+            with owner.store.engine.begin() as conn:
+                conn.execute(text("update autotune_heartbeats set beat_at = strftime('%Y-%m-%d %H:%M:%f', "
+                                  "'now', '-10 seconds') where kind = 'trial'"))
+            watcher.recover()
+        return out
+
+    owner.store.save_trial = save_then_be_judged_dead     # type: ignore[method-assign]
+    observed = {"capacity_tps": 1500.0, "p50_tpot_ms": 6.0, "p99_ttft_ms": 400.0}
+    owner.finish(job, None, TrialOutcome("ok", observed=observed, metrics={"p99_ttft_ms": 400.0}))
+    study = optuna.load_study(study_name="shared", storage=owner.spec.storage_url)
+    trials = study.get_trials(deepcopy=False)
+    told = trials[job.number]
+    assert told.state == TrialState.COMPLETE
+    assert told.values == [observed[name] for name in owner.spec.objectives]
+    assert told.constraints == {"slo:ttft:p99": -600.0, "failure": 0.0}    # 400 ms measured, 1 s allowed
+    assert not [t for t in trials if t.user_attrs.get("requeued_from") == job.number]
+    rec = owner.store.trial(owner.record.id, job.number)
+    assert rec.state == "ok" and rec.objectives == {k: observed[k] for k in owner.spec.objectives}
+    for d in (owner, watcher):
+        d.heartbeats.stop()
+
+
 def test_the_baseline_and_spec_candidates_are_enqueued_once(tmp_path: Path) -> None:
     extra = {"enqueue": [{"max_num_seqs": 64}]}
     drivers = [_open(_driver(tmp_path, f"h{i}", **extra)) for i in range(3)]

@@ -58,6 +58,8 @@ def _build_parser() -> OneLineParser:
     conf.add_argument("--study-name")
     conf.add_argument("--top", type=int, help="candidates to confirm (default: the spec's confirm.top_k)")
     conf.add_argument("--repeats", type=int, help="rounds, at least 3 (default: the spec's confirm.repeats)")
+    conf.add_argument("--timeout", help="wall-clock limit, e.g. 20m: a repeat that would not finish in what "
+                                        "is left is not started (the next call runs it)")
     run.add_argument("--report", metavar="FILE", help="write the study's HTML report here at the end")
 
     show = sub.add_parser("show", help="trials, causes, metrics and the Pareto front of a study")

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import time
 
 from autotune.errors import UserError
-from autotune.spec import build_spec
+from autotune.spec import build_spec, parse_duration
 from autotune.store.repository import ResultStore
 from autotune.tuner.confirm import confirm_study
 from autotune.tuner.progress import Progress
@@ -40,6 +41,7 @@ def confirm_command(args: argparse.Namespace) -> int:
         raise UserError("--top must be at least 1")
     if repeats < 3:
         raise UserError("--repeats must be at least 3: fewer paired rounds give no interval worth reading")
+    deadline = time.monotonic() + parse_duration(args.timeout) if args.timeout is not None else None
     engine = build_engine(spec, list(study.engine_command))
     log_dir = log_dir_for(spec)
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -49,7 +51,7 @@ def confirm_command(args: argparse.Namespace) -> int:
         with _interrupts(None, None):  # type: ignore[arg-type]
             try:
                 result = confirm_study(spec, store, study, runner, top_k=top, repeats=repeats,
-                                       phase=progress.phase, say=progress.message,
+                                       phase=progress.phase, say=progress.message, deadline=deadline,
                                        expected_s=expected_trial_s(store.trials(study.id)) or 0.0)
                 stopped = result.stopped_by
             except Interrupted as e:

@@ -77,6 +77,13 @@ def test_confirm_on_the_simulator(tmp_path: Path, servers_in, sim_spec) -> None:
     assert _q(db, "select round, count(*) from autotune_confirmations group by round") == [(0, 2), (1, 2), (2, 2), (3, 2)]
     p = _cli("confirm", "--storage", url, "--repeats", "2", cwd=tmp_path)
     assert p.returncode == 2 and "at least 3" in p.stderr
+    # a repeat that cannot finish before --timeout is not started; the next call runs it
+    p = _cli("confirm", "--storage", url, "--repeats", "5", "--timeout", "1s", cwd=tmp_path)
+    assert p.returncode == 0 and "stopped by the timeout: 2 repeat(s) left" in p.stderr, p.stderr
+    assert "stopped by timeout (run again to continue)" in p.stdout
+    assert _q(db, "select count(*) from autotune_confirmations") == [(8,)]
+    p = _cli("confirm", "--storage", url, "--timeout", "soon", cwd=tmp_path)
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and "timeout 'soon'" in p.stderr
 
     show = json.loads(_cli("show", "--storage", url, "--json", cwd=tmp_path).stdout)
     assert set(show["confirmations"]) == {"0", "1"} and show["pareto_front_confirmed"] is True

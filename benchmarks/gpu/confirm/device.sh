@@ -1,0 +1,55 @@
+#!/bin/bash
+# The device side of the H200 confirmation of the committed FP8 study (benchmarks/gpu/quality), one
+# device call each; see RESULTS.md here for the order. Every call first does:
+#   export PYTHONPATH=/tmp/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0
+#   bash benchmarks/gpu/confirm/device.sh models        # background: write the 8B model to /tmp/models
+#   T0=$(date +%s) bash benchmarks/gpu/confirm/device.sh confirm TAG
+# The study DB lives in /tmp/h200 while the machine stays warm; each call also sends it back, and a
+# copy committed here as q.db is where a fresh machine would resume from.
+set -u
+export PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0
+C=benchmarks/gpu/confirm
+T0=${T0:-$(date +%s)}
+LIMIT=${LIMIT:-600}          # the device call's limit; everything here must end inside it
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+DB=/tmp/h200/q.db
+
+left() { echo $(( LIMIT - ($(date +%s) - T0) )); }
+
+models() {   # runs from a copy in /tmp: each call replaces the working tree under a background writer
+  mkdir -p /tmp/models /tmp/msrc && cp -r autotune benchmarks/gpu/make_model.py /tmp/msrc/
+  PYTHONPATH=/tmp/msrc setsid nohup bash -c "python3 /tmp/msrc/make_model.py /tmp/models/llama8b && touch /tmp/models/.ready" \
+    > /tmp/models/make.log 2>&1 < /dev/null &
+  echo $! > /tmp/models/writer.pid
+  echo "model writer started (pid $!)"
+}
+
+wait_models() {   # until the model is written; fails at once if the writer died without finishing
+  for _ in $(seq 150); do
+    [ -f /tmp/models/.ready ] && break
+    kill -0 "$(cat /tmp/models/writer.pid 2>/dev/null)" 2>/dev/null || break
+    sleep 2
+  done
+  cat /tmp/models/make.log
+  [ -f /tmp/models/.ready ] || { echo "model not ready"; exit 1; }
+}
+
+confirm() {   # confirm TAG: as many repeats as fit in this call
+  local tag=$1
+  wait_models
+  mkdir -p /tmp/h200
+  if [ ! -f "$DB" ]; then
+    if [ -f $C/q.db ]; then cp $C/q.db "$DB"; else cp benchmarks/gpu/quality/h200-llama8b-quality.db "$DB"; fi
+  fi
+  local t=$(( $(left) - 30 ))
+  echo "autotune confirm with --timeout ${t}s"
+  python3 -m autotune confirm --storage "sqlite:///$DB" --top 2 --repeats 3 --timeout "${t}s" 2>&1 | tee "$OUT/confirm-$tag.log"
+  python3 -m autotune show --storage "sqlite:///$DB" > "$OUT/show-$tag.txt" 2>&1
+  cp "$DB" "$OUT/q.db"
+  (cd /tmp/h200 && tar czf "$OUT/logs-$tag.tgz" *-logs/confirm-*.log)
+  nvidia-smi > "$OUT/smi-$tag.txt" 2>&1
+  echo "confirm step done, $(left) s left"
+}
+
+step=$1; shift
+"$step" "$@"

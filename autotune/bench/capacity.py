@@ -203,13 +203,18 @@ async def find_capacity(base_url: str, model: str, workload: Workload, slo: SLO,
                         refine_steps: int = DEFAULT_REFINE_STEPS, stall_timeout_s: float | None = None,
                         api_key: str | None = None,
                         should_stop: Callable[[list[LoadStep]], bool] | None = None,
-                        step_watch: StepWatch | None = None) -> CapacityResult:
+                        step_watch: StepWatch | None = None, check: float | None = None) -> CapacityResult:
     """Highest concurrency (`search="concurrency"`, closed loop), request rate (`"rate"`, Poisson) or
     trace speed-up (`"time_scale"`: a trace replayed at its recorded times divided by the load) at which
     every term of `slo` holds, within `max_steps` load steps (the probe counts as one) plus up to
     `refine_steps` while the bracket is wider than `max_bracket`.
     `should_stop(steps)`, asked before each further step, ends the search early (tuner/earlystop.py).
-    `step_watch` says whether a step's run was disturbed (a kernel compiled during it): it is re-run once."""
+    `step_watch` says whether a step's run was disturbed (a kernel compiled during it): it is re-run once.
+    `check` is a load whose pass or fail the result must settle: when the search ends with it strictly
+    inside the bracket, one more step measures it. A confirmation repeat checks its first run's highest
+    met load; without it a repeat whose bracket straddles that load reports the bracket's lower end and
+    reads as "below the first run" by the search's resolution alone (seen on the H200: 49 / 58 against a
+    first run's 58 / 59)."""
     if search not in ("concurrency", "rate", "time_scale"):
         raise UserError(f"capacity search is by 'concurrency', 'rate' or 'time_scale', not {search!r}")
     trace_rate = replay_rate(workload) if search == "time_scale" else None   # replay.py (trace replay)
@@ -292,6 +297,11 @@ async def find_capacity(base_url: str, model: str, workload: Workload, slo: SLO,
         await step(nxt, probe=False)
         refined += 1
     lo, hi = searcher.bracket()
+    if check is not None and lo is not None:
+        x = float(int(check)) if integer else float(check)
+        if lo[0] < x <= searcher.upper and (hi is None or x < hi[0]):
+            await step(x, probe=False)
+            lo, hi = searcher.bracket()
     best = _step_at(steps, lo[0]) if lo else None
     notes, flags = [], []
     if trace_rate is not None and lo is not None and lo[0] >= searcher.upper:

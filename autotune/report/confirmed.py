@@ -47,11 +47,20 @@ def confirmation_lines(study: StudyRecord, trials: Sequence[TrialRecord], confir
         lines.append(f"  #{n} ({c.trial.role}{', changes output quality' if c.quality_changing else ''}): "
                      f"{len(c.rows)} repeat(s): {_medians(study, c) or 'nothing measured'}; {state}")
     alive = [c for c in confirmed.values() if c.survives]
-    if not alive:
-        lines.append("CONFIRMATION NOT FINISHED: `autotune confirm` continues it" if any(
-            c.pending for c in confirmed.values()) else "NOTHING SURVIVED CONFIRMATION: no configuration is exported")
-        return lines
     base = confirmed.get(baseline.number) if baseline is not None else None
+    if not alive:
+        if any(c.pending for c in confirmed.values()):
+            lines.append("CONFIRMATION NOT FINISHED: `autotune confirm` continues it")
+            return lines
+        lines.append("NOTHING SURVIVED CONFIRMATION: no configuration is exported")
+        # the repeats still measured each candidate against the defaults in the same rounds: what they
+        # say is worth reading even though no first run held (seen on the H200: FP8 beat the defaults in
+        # every round while its first run had overstated its capacity)
+        for n, c in sorted(confirmed.items()):
+            if c is not base and c.verdicts and base is not None and any(r.state == "ok" for r in base.rows):
+                lines.append(f"  measured in the paired rounds, not exported: #{n} against the baseline "
+                             f"#{base.trial.number}: " + "; ".join(v.text() for v in c.verdicts))
+        return lines
     if base is None or not any(r.state == "ok" for r in base.rows):
         lines.append("no confirmed baseline: no verdict against vLLM's defaults")
         return lines

@@ -2,7 +2,9 @@
 measured again on fresh servers, so that what gets exported is not one lucky run.
 
 Each repeat is a whole trial through the same `TrialRunner` (same engine, flags, capacity search and
-evidence), on a server started for it. Round r draws its prompts from its own seed, shared by every
+evidence), on a server started for it. Its capacity search also settles the first run's highest met load
+(one more step when its bracket ends with that load inside), so "below the first run's bracket" means the
+repeat broke the SLO at a load the first run met, not that its search ended coarser. Round r draws its prompts from its own seed, shared by every
 configuration of that round, so the per-round ratio candidate / baseline compares like with like. The
 order inside a round alternates (A B .. in even rounds, .. B A in odd ones): a machine that drifts
 steadily slower then costs each side the same on average, which a fixed A-then-B order would not.
@@ -26,7 +28,7 @@ from autotune.store.queries import best_trial, is_feasible, pareto_front
 from autotune.store.repository import ResultStore
 from autotune.tuner.objectives import measured_constraints, pick
 from autotune.tuner.trial import TrialOutcome, TrialRunner
-from autotune.tuner.verdict import quality_changing
+from autotune.tuner.verdict import bracket_low, quality_changing
 
 ROUND_SEED_BASE = 7_770_001    # fresh prompts: the first runs drew theirs from the spec's seed
 ROUND_SEED_STRIDE = 104_729
@@ -103,7 +105,7 @@ def confirm_study(spec: StudySpec, store: ResultStore, study: StudyRecord, runne
         say(f"[confirm {r + 1}/{repeats}] trial {t.number} ({t.role}), seed {seed}")
         started = utcnow()
         outcome = runner.run(t.number, t.flags, [], phase, lease=lease, seed=seed,
-                             log_name=f"confirm-{t.number:04d}-r{r}.log")
+                             log_name=f"confirm-{t.number:04d}-r{r}.log", claim=bracket_low(t))
         row = _row(spec, outcome)
         store.save_confirmation(study_id=study.id, trial_id=t.id, round=r, position=pos, seed=seed,
                                 started_at=started, finished_at=utcnow(),

@@ -71,6 +71,7 @@ class _Launch:
     cores: tuple[int, ...]
     seed: int
     stopper: Any = None        # tuner/earlystop.EarlyStop, or None
+    claim: float | None = None   # a load the capacity search must settle (a confirmation repeat's check)
 
 
 class TrialRunner:
@@ -102,9 +103,11 @@ class TrialRunner:
 
     def run(self, number: int, flags: Sequence[str], violations: Sequence[str], phase: Phase,
             lease: Lease | None = None, *, seed: int | None = None, log_name: str | None = None,
-            stopper: Any = None) -> TrialOutcome:
+            stopper: Any = None, claim: float | None = None) -> TrialOutcome:
         """`stopper` (tuner/earlystop.EarlyStop) may end the capacity search early. `seed` replaces the spec's prompt seed (a confirmation round draws fresh prompts); `log_name`
-        replaces the server log's file name (a confirmation repeat must not overwrite its trial's log).
+        replaces the server log's file name (a confirmation repeat must not overwrite its trial's log);
+        `claim` is a load whose pass or fail the capacity search must settle (the first run's highest met
+        load, when a confirmation repeat tests it).
         With a lease: the lease's GPUs (CUDA_VISIBLE_DEVICES), its HTTP port and a block of internal
         ports, the server and this thread (the load client) pinned to its cores, telemetry over its GPUs
         only. Without one: the study's GPUs and any free port, as a single trial always ran."""
@@ -127,7 +130,8 @@ class TrialRunner:
             if self.spec.engine.kind == "vllm" and not gpus and cores and set(cores) < _affinity():
                 # the CPU build binds its OpenMP threads itself: to this lease's share, when it is one
                 env.setdefault("VLLM_CPU_OMP_THREADS_BIND", format_cpulist(cores))
-        launch = _Launch(all_flags, log_path, gpus, env, cores, self.spec.seed if seed is None else seed, stopper)
+        launch = _Launch(all_flags, log_path, gpus, env, cores, self.spec.seed if seed is None else seed, stopper,
+                         claim)
         pinned = _pin_thread(cores)
         try:
             for attempt in range(1, PORT_ATTEMPTS + 1):
@@ -159,8 +163,7 @@ class TrialRunner:
         outcome: TrialOutcome | None = None
         try:
             with interruptible():
-                outcome = self._serve(server, phase, launch.log_path, launch.gpus, launch.seed,
-                                      launch.stopper)
+                outcome = self._serve(server, phase, launch)
             return outcome
         finally:
             phase("stopping server")
@@ -193,8 +196,8 @@ class TrialRunner:
                                            owner_pid=os.getpid(), port=port, host=host_name(),
                                            owner_create_time=process_create_time())
 
-    def _serve(self, server: Server, phase: Phase, log_path: Path, gpus: Sequence[int],
-               seed: int, stopper: Any = None) -> TrialOutcome:
+    def _serve(self, server: Server, phase: Phase, launch: _Launch) -> TrialOutcome:
+        log_path, gpus, stopper = launch.log_path, launch.gpus, launch.stopper
         try:
             phase("waiting for /health")
             startup = server.wait_ready()
@@ -207,7 +210,8 @@ class TrialRunner:
         t0 = time.monotonic()
         hung: str | None = None
         try:
-            measurement, capacity, stalled = self._measure(server.url, phase, seed, stopper, log_path)
+            measurement, capacity, stalled = self._measure(server.url, phase, launch.seed, stopper, log_path,
+                                                           launch.claim)
         except UserError as e:
             measurement, capacity, stalled = None, None, 0
             if server.failure() is None:
@@ -246,8 +250,8 @@ class TrialRunner:
             outcome.detail = f"load generator saturated: {measurement.client.note}"
         return outcome
 
-    def _measure(self, url: str, phase: Phase, seed: int, stopper: Any = None,
-                 log_path: Path | None = None) -> tuple[Measurement | None, dict[str, Any] | None, int]:
+    def _measure(self, url: str, phase: Phase, seed: int, stopper: Any = None, log_path: Path | None = None,
+                 claim: float | None = None) -> tuple[Measurement | None, dict[str, Any] | None, int]:
         """The measurement, the capacity search's record (None for a fixed load) and how many requests
         the server stopped answering (stalled). The server's log tells the search which steps ran while
         a kernel JIT-compiled (engine/logwatch.py): those are re-run."""
@@ -286,7 +290,7 @@ class TrialRunner:
             tokenizer=self.tokenizer, on_step=on_step, min_waves=load.min_waves, min_step_s=load.min_step_s,
             max_bracket=load.max_bracket, refine_steps=load.refine_steps, stall_timeout_s=load.stall_timeout_s,
             api_key=self.api_key, should_stop=stopper.should_stop if stopper else None,
-            step_watch=JitWatch(log_path) if log_path is not None else None))
+            step_watch=JitWatch(log_path) if log_path is not None else None, check=claim))
         chosen = cap.at_capacity or (cap.steps[0].measurement if cap.steps else None)
         info = {"mode": cap.mode, "capacity": cap.capacity, "cache_reset": cap.cache_reset, "note": cap.note,
                 "bracket": list(cap.bracket), "measurement_flags": list(cap.flags), "seed": seed,

@@ -77,6 +77,20 @@ async def test_refinement_spends_extra_steps_until_the_bracket_is_narrow():
         assert hi is not None and (hi - lo) / lo <= 0.25 and 30 <= lo <= 44   # the truth, 40, under a loaded machine's noise
 
 
+async def test_a_load_to_check_inside_the_bracket_gets_one_more_step_and_settles_it():
+    """A confirmation repeat checks its first run's highest met load: a coarse search must not read as
+    'below the first run' only because it ended with that load inside its bracket."""
+    coarse = dict(requests_per_step=20, warmup=2, max_steps=3, refine_steps=0, min_waves=1, max_bracket=10.0)
+    async with mock(mode="batch", step_ms=2, per_seq_ms=0.25) as url:
+        r = await find_capacity(url, "mock", W, TPOT, check=30, **coarse)
+        below = await find_capacity(url, "mock", W, TPOT, check=1, **coarse)
+    loads = [s.load for s in r.steps]
+    # three steps end coarse (1, ~11 met, ~44 broken: the truth is 40), with 30 inside; a fourth settles it
+    assert len(loads) == 4 and loads[-1] == 30 and 1 < loads[1] < 30 < loads[2], loads
+    assert 30 in r.bracket and (r.capacity == 30) == r.steps[-1].slo_met
+    assert len(below.steps) == 3                       # a load at or below the bracket is settled already
+
+
 def test_is_wide():
     assert is_wide(((27, -0.1), (81, 0.5)), True, 1024, 0.25)         # the issue's 27 .. 81
     assert not is_wide(((40, -0.1), (41, 0.1)), True, 1024, 0.25)     # adjacent integers

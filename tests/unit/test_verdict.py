@@ -161,6 +161,23 @@ def test_show_and_the_export_header_give_one_verdict_when_the_baseline_left_the_
     assert not any("no confirmed baseline" in line for line in shown)
 
 
+def test_show_gives_the_paired_rounds_when_nothing_survived():
+    """The H200 confirmation of the FP8 study: every configuration's repeats fell below its first run, yet
+    FP8 beat the defaults in each round. `show` says nothing is exported and what the rounds measured."""
+    s = _study(quality=["quantization"])
+    base = _trial(0, "baseline", cap=40, tps=2785, bracket=[40, 41], params={"quantization": "none"})
+    fp8 = _trial(2, "enqueued", cap=58, tps=4824, bracket=[58, 59], params={"quantization": "fp8"})
+    rows = (_rows(base, [(2577, 8.4), (2671, 9.4), (2699, 9.3)], caps=[34, 39, 39])
+            + _rows(fp8, [(3706, 8.7), (4045, 7.8), (3375, 9.0)], caps=[49, 49, 47]))
+    confirmed = summarize_confirmations(s, [base, fp8], rows)
+    assert not confirmed[0].survives and not confirmed[2].survives
+    shown = confirmation_lines(s, [base, fp8], confirmed)
+    assert "NOTHING SURVIVED CONFIRMATION: no configuration is exported" in shown
+    paired = [line for line in shown if "measured in the paired rounds, not exported: #2 against the baseline #0" in line]
+    assert len(paired) == 1 and "capacity_tps x1.396 [1.092, 1.786] over 3 paired rounds, spread 18.1%: better" in paired[0]
+    assert export_choice(s, [base, fp8], rows).trial is None
+
+
 def test_candidates_plan_and_seeds():
     s = _study(quality=["kv_cache_dtype"])
     base = _trial(0, "baseline", tps=100, params={"kv_cache_dtype": "auto"})

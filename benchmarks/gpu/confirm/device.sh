@@ -14,24 +14,12 @@ LIMIT=${LIMIT:-600}          # the device call's limit; everything here must end
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 DB=/tmp/h200/q.db
 
+source benchmarks/gpu/models.sh
+
 left() { echo $(( LIMIT - ($(date +%s) - T0) )); }
 
-models() {   # runs from a copy in /tmp: each call replaces the working tree under a background writer
-  mkdir -p /tmp/models /tmp/msrc && cp -r autotune benchmarks/gpu/make_model.py /tmp/msrc/
-  PYTHONPATH=/tmp/msrc setsid nohup bash -c "python3 /tmp/msrc/make_model.py /tmp/models/llama8b && touch /tmp/models/.ready" \
-    > /tmp/models/make.log 2>&1 < /dev/null &
-  echo $! > /tmp/models/writer.pid
-  echo "model writer started (pid $!)"
-}
-
-wait_models() {   # until the model is written; fails at once if the writer died without finishing
-  for _ in $(seq 150); do
-    [ -f /tmp/models/.ready ] && break
-    kill -0 "$(cat /tmp/models/writer.pid 2>/dev/null)" 2>/dev/null || break
-    sleep 2
-  done
-  cat /tmp/models/make.log
-  [ -f /tmp/models/.ready ] || { echo "model not ready"; exit 1; }
+models() {   # the writer runs on in the background while the next calls copy the vLLM parts
+  write_models "python3 /tmp/msrc/make_model.py /tmp/models/llama8b"
 }
 
 confirm() {   # confirm TAG: as many repeats as fit in this call

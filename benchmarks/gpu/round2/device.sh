@@ -13,6 +13,8 @@ T0=${T0:-$(date +%s)}
 LIMIT=${LIMIT:-600}          # the device call's limit; everything here must end inside it
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 
+source benchmarks/gpu/models.sh
+
 left() { echo $(( LIMIT - ($(date +%s) - T0) )); }
 
 nvml_log() {   # per-GPU NVML readings, 1 Hz, for the whole call
@@ -21,24 +23,8 @@ nvml_log() {   # per-GPU NVML readings, 1 Hz, for the whole call
   NVML_PID=$!
 }
 
-models() {   # the writer runs on in the background while the next calls copy the vLLM parts; it runs from
-  # a copy in /tmp because each call replaces the working tree (round 2 lost 240 s to a script that
-  # had vanished under the background writer)
-  mkdir -p /tmp/models /tmp/r2src && cp -r autotune $R/../make_model.py $R/make_moe.py /tmp/r2src/
-  PYTHONPATH=/tmp/r2src setsid nohup bash -c "python3 /tmp/r2src/make_model.py /tmp/models/llama8b && python3 /tmp/r2src/make_moe.py /tmp/models/mixtral && touch /tmp/models/.ready" \
-    > /tmp/models/make.log 2>&1 < /dev/null &
-  echo $! > /tmp/models/writer.pid
-  echo "model writer started (pid $!)"
-}
-
-wait_models() {   # until both models are written; fails at once if the writer died without finishing
-  for _ in $(seq 150); do
-    [ -f /tmp/models/.ready ] && break
-    kill -0 "$(cat /tmp/models/writer.pid 2>/dev/null)" 2>/dev/null || break
-    sleep 2
-  done
-  cat /tmp/models/make.log
-  [ -f /tmp/models/.ready ] || { echo "models not ready"; exit 1; }
+models() {   # the writer runs on in the background while the next calls copy the vLLM parts
+  write_models "python3 /tmp/msrc/make_model.py /tmp/models/llama8b && python3 /tmp/msrc/make_moe.py /tmp/models/mixtral"
 }
 
 study() {   # study dense|moe TAG [seconds for autotune]

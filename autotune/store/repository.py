@@ -189,11 +189,13 @@ class ResultStore:
                                                       TrialRecord.number == number))
 
     def mark_abandoned(self, study_id: int, numbers: set[int]) -> int:
-        """Trials left 'running' by a killed process are recorded as interrupted."""
+        """Trials a killed process left unfinished are recorded as interrupted: 'running' ones, and an
+        early-stopped or duplicate one whose tell never reached Optuna (re-queued like the rest)."""
         n = 0
         with self.session() as s:
             for rec in s.scalars(select(TrialRecord).where(TrialRecord.study_id == study_id,
-                                                           TrialRecord.state == "running")):
+                                                           TrialRecord.state.in_(("running", "stopped",
+                                                                                  "duplicate")))):
                 if rec.number in numbers:
                     rec.state, rec.cause, rec.finished_at = "interrupted", "interrupted", utcnow()
                     rec.detail = "autotune was killed during this trial; its parameters were run again"

@@ -240,7 +240,8 @@ class StudyDriver:
                 pass                        # another process failed it first
             if self.claim(f"requeue:{t.number}"):
                 self._requeue(t.params, t.user_attrs.get("role", "search"), t.number)
-                self.store.mark_abandoned(self.record.id, {t.number})
+                if not self.store.mark_abandoned(self.record.id, {t.number}):
+                    self._record_unlaunched(t)
                 requeued.append(t.number)
             self.heartbeats.forget("trial", str(t._trial_id))
         if requeued:
@@ -249,6 +250,17 @@ class StudyDriver:
         if told:
             self.progress.message(f"told trial(s) {', '.join(map(str, told))} from their saved evidence: their "
                                   f"process stopped beating after measuring them")
+
+    def _record_unlaunched(self, t: optuna.trial.FrozenTrial) -> None:
+        """A process killed between Optuna's ask and its first write of the trial leaves no row: write one,
+        so that the table accounts for every number Optuna handed out (nothing ran: no flags)."""
+        if self.store.trial(self.record.id, t.number) is not None:
+            return
+        self.store.save_trial(self.record.id, t.number, state="interrupted", cause=causes.INTERRUPTED,
+                              detail="its process stopped before the trial was launched; parameters re-queued",
+                              optuna_trial_id=t._trial_id, role=t.user_attrs.get("role", "search"),
+                              params=dict(t.params), flags=[], spec_hash=self.spec.identity_hash(),
+                              started_at=t.datetime_start or utcnow(), finished_at=utcnow())
 
     def _tell_from_evidence(self, t: optuna.trial.FrozenTrial) -> bool:
         """A process killed between saving a trial's evidence and telling Optuna (two writes) leaves a

@@ -114,6 +114,36 @@ def test_a_trial_measured_but_not_told_is_told_from_its_evidence_not_run_again(t
         d.heartbeats.stop()
 
 
+def test_a_trial_asked_but_never_written_is_recorded_interrupted_and_requeued(tmp_path: Path) -> None:
+    """Killed between Optuna's ask and the first write of its row: the watcher re-queues the parameters
+    and writes the row, so the table accounts for every trial number (nothing ran)."""
+    owner = _open(_driver(tmp_path, "host-dead"))
+    watcher = _open(_driver(tmp_path, "host-watch"))
+
+    class Killed(BaseException):
+        pass
+
+    def die(*args: Any, **kwargs: Any) -> Any:
+        raise Killed
+
+    owner.store.save_trial = die                            # type: ignore[method-assign]
+    with pytest.raises(Killed):
+        owner.next_job()
+    with owner.store.engine.begin() as conn:
+        conn.execute(text("update autotune_heartbeats set beat_at = strftime('%Y-%m-%d %H:%M:%f', 'now', "
+                          "'-10 seconds') where kind = 'trial'"))
+    watcher.recover()
+    study = optuna.load_study(study_name="shared", storage=owner.spec.storage_url)
+    trials = study.get_trials(deepcopy=False)
+    assert trials[0].state == TrialState.FAIL
+    assert [t.number for t in trials if t.user_attrs.get("requeued_from") == 0] == [1]
+    rec = watcher.store.trial(watcher.record.id, 0)
+    assert rec is not None and rec.state == "interrupted" and rec.role == "baseline" and rec.flags == []
+    assert "before the trial was launched" in rec.detail
+    for d in (owner, watcher):
+        d.heartbeats.stop()
+
+
 def test_the_baseline_and_spec_candidates_are_enqueued_once(tmp_path: Path) -> None:
     extra = {"enqueue": [{"max_num_seqs": 64}]}
     drivers = [_open(_driver(tmp_path, f"h{i}", **extra)) for i in range(3)]

@@ -48,6 +48,7 @@ def confirmation_lines(study: StudyRecord, trials: Sequence[TrialRecord], confir
                      f"{len(c.rows)} repeat(s): {_medians(study, c) or 'nothing measured'}; {state}")
     alive = [c for c in confirmed.values() if c.survives]
     base = confirmed.get(baseline.number) if baseline is not None else None
+    base_measured = base is not None and any(r.state == "ok" for r in base.rows)
     if not alive:
         if any(c.pending for c in confirmed.values()):
             lines.append("CONFIRMATION NOT FINISHED: `autotune confirm` continues it")
@@ -57,11 +58,11 @@ def confirmation_lines(study: StudyRecord, trials: Sequence[TrialRecord], confir
         # say is worth reading even though no first run held (seen on the H200: FP8 beat the defaults in
         # every round while its first run had overstated its capacity)
         for n, c in sorted(confirmed.items()):
-            if c is not base and c.verdicts and base is not None and any(r.state == "ok" for r in base.rows):
+            if base_measured and c is not base and c.verdicts:
                 lines.append(f"  measured in the paired rounds, not exported: #{n} against the baseline "
                              f"#{base.trial.number}: " + "; ".join(v.text() for v in c.verdicts))
         return lines
-    if base is None or not any(r.state == "ok" for r in base.rows):
+    if not base_measured:
         lines.append("no confirmed baseline: no verdict against vLLM's defaults")
         return lines
     if not base.survives:

@@ -4,8 +4,9 @@ measured again on fresh servers, so that what gets exported is not one lucky run
 Each repeat is a whole trial through the same `TrialRunner` (same engine, flags, capacity search and
 evidence), on a server started for it. Its capacity search also settles the first run's highest met load
 (one more step when its bracket ends with that load inside), so "below the first run's bracket" means the
-repeat broke the SLO at a load the first run met, not that its search ended coarser. Round r draws its prompts from its own seed, shared by every
-configuration of that round, so the per-round ratio candidate / baseline compares like with like. The
+repeat broke the SLO at a load the first run met, not that its search ended coarser. Round r draws its
+prompts from its own seed, shared by every configuration of that round, so the per-round ratio
+candidate / baseline compares like with like. The
 order inside a round alternates (A B .. in even rounds, .. B A in odd ones): a machine that drifts
 steadily slower then costs each side the same on average, which a fixed A-then-B order would not.
 

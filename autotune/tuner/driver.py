@@ -230,7 +230,8 @@ class StudyDriver:
         for t in running:
             if str(t._trial_id) not in stale:
                 continue
-            if self._tell_from_evidence(t):
+            rec = self.store.trial(self.record.id, t.number)
+            if rec is not None and self._tell_from_evidence(t, rec):
                 told.append(t.number)
                 self.heartbeats.forget("trial", str(t._trial_id))
                 continue
@@ -240,8 +241,10 @@ class StudyDriver:
                 pass                        # another process failed it first
             if self.claim(f"requeue:{t.number}"):
                 self._requeue(t.params, t.user_attrs.get("role", "search"), t.number)
-                if not self.store.mark_abandoned(self.record.id, {t.number}):
+                if rec is None:
                     self._record_unlaunched(t)
+                else:
+                    self.store.mark_abandoned(self.record.id, {t.number})
                 requeued.append(t.number)
             self.heartbeats.forget("trial", str(t._trial_id))
         if requeued:
@@ -254,40 +257,44 @@ class StudyDriver:
     def _record_unlaunched(self, t: optuna.trial.FrozenTrial) -> None:
         """A process killed between Optuna's ask and its first write of the trial leaves no row: write one,
         so that the table accounts for every number Optuna handed out (nothing ran: no flags)."""
-        if self.store.trial(self.record.id, t.number) is not None:
-            return
         self.store.save_trial(self.record.id, t.number, state="interrupted", cause=causes.INTERRUPTED,
                               detail="its process stopped before the trial was launched; parameters re-queued",
                               optuna_trial_id=t._trial_id, role=t.user_attrs.get("role", "search"),
                               params=dict(t.params), flags=[], spec_hash=self.spec.identity_hash(),
                               started_at=t.datetime_start or utcnow(), finished_at=utcnow())
 
-    def _tell_from_evidence(self, t: optuna.trial.FrozenTrial) -> bool:
+    def _tell_from_evidence(self, t: optuna.trial.FrozenTrial, rec: Any) -> bool:
         """A process killed between saving a trial's evidence and telling Optuna (two writes) leaves a
         measured trial RUNNING. Re-running it would cost a launch and leave two verdicts on one number
         (our table 'ok', Optuna FAIL): tell Optuna what the evidence says instead. Only a finished row
         whose told values can be rebuilt qualifies (an early-stopped trial's bound is not stored); the
         search hooks that follow a tell (learned limits) do not run for it."""
-        rec = self.store.trial(self.record.id, t.number)
-        if rec is None or rec.state not in ("ok", "infeasible", "failed"):
+        if rec.state not in ("ok", "infeasible", "failed"):
             return False
         if rec.state == "failed":
-            history = [c.values for c in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-                       if c.user_attrs.get("measured")]
-            values = placeholder_values(self.spec.objectives, history)
+            values = self._placeholders()
         elif all(name in (rec.objectives or {}) for name in self.spec.objectives):
             values = [float(rec.objectives[name]) for name in self.spec.objectives]
         else:
             return False
-        trial = optuna.trial.Trial(self.study, t._trial_id)
         try:
-            for key, value in (rec.constraints or {}).items():
-                trial.set_constraint(key, float(value) if math.isfinite(value) else 1e9)
-            trial.set_user_attr("cause", rec.cause)
-            self.study.tell(trial, values)
+            self._tell_optuna(optuna.trial.Trial(self.study, t._trial_id), rec.constraints or {}, rec.cause, values)
         except _LOST_RACE:
             pass                            # another process told or failed it first, by this same rule
         return True
+
+    def _placeholders(self) -> list[float]:
+        """What Optuna is told for a trial that measured nothing: the worst of the measured ones."""
+        history = [t.values for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                   if t.user_attrs.get("measured")]
+        return placeholder_values(self.spec.objectives, history)
+
+    def _tell_optuna(self, trial: optuna.trial.Trial, constraints: dict[str, float], cause: str | None,
+                     values: Sequence[float]) -> None:
+        for key, value in constraints.items():
+            trial.set_constraint(key, float(value) if math.isfinite(value) else 1e9)
+        trial.set_user_attr("cause", cause)
+        self.study.tell(trial, values)
 
     def _stop_leftovers(self) -> None:
         leftovers = dead_owner_servers(list(self.store.processes(self.spec.name)), self.host, bool(self._running))
@@ -491,9 +498,7 @@ class StudyDriver:
                 outcome.state, outcome.cause = "failed", outcome.cause or causes.CRASH
                 outcome.detail = outcome.detail or "an objective could not be measured"
             constraints = failure_constraints(self.slo, self.headroom_constraint)
-            history = [t.values for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-                       if t.user_attrs.get("measured")]
-            told = placeholder_values(self.spec.objectives, history)
+            told = self._placeholders()
         else:
             constraints = measured_constraints(self.slo, outcome.metrics, headroom_value, self.headroom_constraint)
             told = values
@@ -519,10 +524,7 @@ class StudyDriver:
                               finished_at=utcnow(), identity=self.identity, measurement_flags=flags,
                               **overlap, **evidence)
         try:
-            for key, value in constraints.items():
-                trial.set_constraint(key, float(value) if math.isfinite(value) else 1e9)
-            trial.set_user_attr("cause", outcome.cause)
-            self.study.tell(trial, told)
+            self._tell_optuna(trial, constraints, outcome.cause, told)
         except (UpdateFinishedTrialError, ValueError, RuntimeError):
             # Another process judged us dead (stale heartbeat). It told the trial from the evidence just
             # saved (COMPLETE: the row stands), or it failed it and re-queued these parameters.

@@ -210,8 +210,7 @@ class TrialRunner:
         t0 = time.monotonic()
         hung: str | None = None
         try:
-            measurement, capacity, stalled = self._measure(server.url, phase, launch.seed, stopper, log_path,
-                                                           launch.claim)
+            measurement, capacity, stalled = self._measure(server.url, phase, launch)
         except UserError as e:
             measurement, capacity, stalled = None, None, 0
             if server.failure() is None:
@@ -250,13 +249,14 @@ class TrialRunner:
             outcome.detail = f"load generator saturated: {measurement.client.note}"
         return outcome
 
-    def _measure(self, url: str, phase: Phase, seed: int, stopper: Any = None, log_path: Path | None = None,
-                 claim: float | None = None) -> tuple[Measurement | None, dict[str, Any] | None, int]:
+    def _measure(self, url: str, phase: Phase, launch: _Launch
+                 ) -> tuple[Measurement | None, dict[str, Any] | None, int]:
         """The measurement, the capacity search's record (None for a fixed load) and how many requests
         the server stopped answering (stalled). The server's log tells the search which steps ran while
         a kernel JIT-compiled (engine/logwatch.py): those are re-run."""
         load = self.spec.load
         model = self.spec.model
+        seed, stopper = launch.seed, launch.stopper
         if load.mode == "fixed":
             phase("load: " + (f"concurrency {load.concurrency}" if load.concurrency else f"rate {load.rate}/s"
                               if load.rate else "the trace at its recorded times"))
@@ -290,7 +290,7 @@ class TrialRunner:
             tokenizer=self.tokenizer, on_step=on_step, min_waves=load.min_waves, min_step_s=load.min_step_s,
             max_bracket=load.max_bracket, refine_steps=load.refine_steps, stall_timeout_s=load.stall_timeout_s,
             api_key=self.api_key, should_stop=stopper.should_stop if stopper else None,
-            step_watch=JitWatch(log_path) if log_path is not None else None, check=claim))
+            step_watch=JitWatch(launch.log_path), check=launch.claim))
         chosen = cap.at_capacity or (cap.steps[0].measurement if cap.steps else None)
         info = {"mode": cap.mode, "capacity": cap.capacity, "cache_reset": cap.cache_reset, "note": cap.note,
                 "bracket": list(cap.bracket), "measurement_flags": list(cap.flags), "seed": seed,

@@ -171,9 +171,13 @@ def test_two_daemons_share_one_study_and_survive_a_sigkill(postgres_url: str, en
     # no trial failed while its owner lived: the only FAILed trials are the ones A held when killed
     assert {n for n, s in optuna_states.items() if s == "FAIL"} == lost_on_a
     # every other trial of host-a is one A finished itself while alive (A runs two at once, so a later
-    # number may finish on A before the kill); after the kill only host-b records trials
+    # number may finish on A before the kill), or one A measured and saved but was killed before telling
+    # Optuna, which B told from that evidence (not re-run); after the kill only host-b records trials
     finished_on_a = {int(m[1]) for line in a.lines if (m := re.match(r"\[trial (\d+)\] (ok|infeasible|failed)", line))}
-    assert all(host == "host-b" or n in finished_on_a for n, state, host in rows if n not in lost_on_a)
+    told_by_b = {int(n) for line in b.lines if (m := re.search(r"told trial\(s\) ([\d, ]+) from their saved evidence", line))
+                 for n in m[1].split(", ")}
+    assert told_by_b <= _started(a.lines) and not told_by_b & (lost_on_a | _started(b.lines))
+    assert all(host == "host-b" or n in finished_on_a | told_by_b for n, state, host in rows if n not in lost_on_a)
     assert sum(s == "COMPLETE" for s in optuna_states.values()) >= N_TRIALS
     # host-a's server records stay for a daemon on host-a to clear (only that host may stop them);
     # the servers themselves died with it

@@ -256,12 +256,16 @@ class StudyDriver:
 
     def _record_unlaunched(self, t: optuna.trial.FrozenTrial) -> None:
         """A process killed between Optuna's ask and its first write of the trial leaves no row: write one,
-        so that the table accounts for every number Optuna handed out (nothing ran: no flags)."""
+        so that the table accounts for every number Optuna handed out (nothing ran: no flags). Its host is
+        the one its heartbeat names (the owner beats a trial as soon as it asks for it)."""
+        assert self.heartbeats is not None
+        beat = self.heartbeats.ages("trial", [str(t._trial_id)]).get(str(t._trial_id))
         self.store.save_trial(self.record.id, t.number, state="interrupted", cause=causes.INTERRUPTED,
                               detail="its process stopped before the trial was launched; parameters re-queued",
                               optuna_trial_id=t._trial_id, role=t.user_attrs.get("role", "search"),
                               params=dict(t.params), flags=[], spec_hash=self.spec.identity_hash(),
-                              started_at=t.datetime_start or utcnow(), finished_at=utcnow())
+                              started_at=t.datetime_start or utcnow(), finished_at=utcnow(),
+                              host=beat.host if beat is not None else None)
 
     def _tell_from_evidence(self, t: optuna.trial.FrozenTrial, rec: Any) -> bool:
         """A process killed between saving a trial's evidence and telling Optuna (two writes) leaves a

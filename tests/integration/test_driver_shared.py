@@ -139,6 +139,7 @@ def test_a_trial_asked_but_never_written_is_recorded_interrupted_and_requeued(tm
     assert [t.number for t in trials if t.user_attrs.get("requeued_from") == 0] == [1]
     rec = watcher.store.trial(watcher.record.id, 0)
     assert rec is not None and rec.state == "interrupted" and rec.role == "baseline" and rec.flags == []
+    assert rec.host == "host-dead"                          # from the trial's heartbeat
     assert "before the trial was launched" in rec.detail
     for d in (owner, watcher):
         d.heartbeats.stop()

@@ -12,37 +12,16 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import re
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Callable, Iterator
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from fidelity import cell_name, grid  # noqa: E402
+from fidelity import COUNTERS, cell_name, grid, scrape, server_means  # noqa: E402
 from bench_vs_vllm import parse_pin, reset_prefix_cache, run_ours, run_theirs, start_vllm, stop_vllm  # noqa: E402
-
-COUNTERS = {"prompt_tokens": "vllm:prompt_tokens_total", "generation_tokens": "vllm:generation_tokens_total",
-            "requests": "vllm:request_success_total",
-            "ttft_sum": "vllm:time_to_first_token_seconds_sum", "ttft_count": "vllm:time_to_first_token_seconds_count",
-            "tpot_sum": "vllm:request_time_per_output_token_seconds_sum",
-            "tpot_count": "vllm:request_time_per_output_token_seconds_count",
-            "itl_sum": "vllm:inter_token_latency_seconds_sum", "itl_count": "vllm:inter_token_latency_seconds_count"}
-
-
-def scrape(url: str) -> dict[str, float]:
-    text = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
-    out = {}
-    for key, name in COUNTERS.items():
-        total = 0.0
-        for m in re.finditer(rf"^{re.escape(name)}(?:{{[^}}]*}})? ([0-9.eE+-]+)$", text, re.M):
-            total += float(m.group(1))
-        out[key] = total
-    return out
-
 
 @contextlib.contextmanager
 def pinned_server(port: int, server_cpus: str, warm: Callable[[Path], object]) -> Iterator[Path]:
@@ -67,13 +46,6 @@ def counted_run(url: str, run: Callable[[], dict]) -> tuple[dict, dict[str, floa
     time.sleep(1)
     after = scrape(url)
     return x, {k: after[k] - before[k] for k in COUNTERS}
-
-
-def server_means(d: dict[str, float]) -> dict[str, float]:
-    """The server's mean TTFT, TPOT and ITL (ms) over a counter change."""
-    return {"server_mean_ttft_ms": 1000 * d["ttft_sum"] / (d["ttft_count"] or 1),
-            "server_mean_tpot_ms": 1000 * d["tpot_sum"] / (d["tpot_count"] or 1),
-            "server_mean_itl_ms": 1000 * d["itl_sum"] / (d["itl_count"] or 1)}
 
 
 def main() -> None:

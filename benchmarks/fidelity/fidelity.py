@@ -20,9 +20,11 @@ import json
 import math
 import os
 import platform
+import re
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 from statistics import mean, median
 
@@ -34,6 +36,41 @@ from bench_vs_vllm import (MODEL, _children_cpu_s, parse_pin, reset_prefix_cache
 KEYS = ("median_ttft_ms", "mean_ttft_ms", "median_tpot_ms", "mean_tpot_ms", "output_throughput")
 MAX_MODEL_LEN = 1024    # start_vllm's --max-model-len; the longest prompt leaves room for its output
 BATCH_LIMIT = 16        # start_vllm's --max-num-seqs: concurrency 16 is the server's saturation
+# vLLM's own counters and server-side histograms: what the server saw and how long it says it took
+COUNTERS = {"prompt_tokens": "vllm:prompt_tokens_total", "generation_tokens": "vllm:generation_tokens_total",
+            "requests": "vllm:request_success_total",
+            "ttft_sum": "vllm:time_to_first_token_seconds_sum", "ttft_count": "vllm:time_to_first_token_seconds_count",
+            "tpot_sum": "vllm:request_time_per_output_token_seconds_sum",
+            "tpot_count": "vllm:request_time_per_output_token_seconds_count",
+            "itl_sum": "vllm:inter_token_latency_seconds_sum", "itl_count": "vllm:inter_token_latency_seconds_count",
+            "queue_sum": "vllm:request_queue_time_seconds_sum", "queue_count": "vllm:request_queue_time_seconds_count",
+            "prefill_sum": "vllm:request_prefill_time_seconds_sum",
+            "prefill_count": "vllm:request_prefill_time_seconds_count",
+            "steps": "vllm:iteration_tokens_total_count", "step_tokens": "vllm:iteration_tokens_total_sum"}
+
+
+def scrape(url: str) -> dict[str, float]:
+    text = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
+    out = {}
+    for key, name in COUNTERS.items():
+        total = 0.0
+        for m in re.finditer(rf"^{re.escape(name)}(?:{{[^}}]*}})? ([0-9.eE+-]+)$", text, re.M):
+            total += float(m.group(1))
+        out[key] = total
+    return out
+
+
+def server_means(d: dict[str, float]) -> dict[str, float]:
+    """The server's mean TTFT, TPOT and ITL (ms) over a counter change (the run's requests, its warm-up
+    included: both clients send a warm-up of the cell's size)."""
+    return {"server_mean_ttft_ms": 1000 * d["ttft_sum"] / (d["ttft_count"] or 1),
+            "server_mean_tpot_ms": 1000 * d["tpot_sum"] / (d["tpot_count"] or 1),
+            "server_mean_itl_ms": 1000 * d["itl_sum"] / (d["itl_count"] or 1),
+            "server_mean_queue_ms": 1000 * d["queue_sum"] / (d["queue_count"] or 1),
+            "server_mean_prefill_ms": 1000 * d["prefill_sum"] / (d["prefill_count"] or 1),
+            "server_engine_steps": d["steps"], "server_tokens_per_step": d["step_tokens"] / (d["steps"] or 1),
+            "server_requests": d["requests"],
+            "server_generated_tokens_per_request": d["generation_tokens"] / (d["requests"] or 1)}
 
 
 def grid() -> list[dict]:
@@ -86,13 +123,18 @@ def run_pass(a: argparse.Namespace) -> Path:
                         reset_prefix_cache(url)
                         la = os.getloadavg()[0]
                         srv0, cli0, t0 = tree_cpu_s(server.pid), _children_cpu_s(), time.monotonic()
+                        before = scrape(url)
                         x = fn(url, c, tmp / f"{name}-{ci}-{i}.json", client_cpus)
+                        wall = time.monotonic() - t0
+                        time.sleep(1)    # the last request's histogram samples land after its response
+                        after = scrape(url)
                         row = {"cell": cell_name(c), **c, "client": name, "pair": i,
-                               "load_avg_1m_before": la, "wall_s": time.monotonic() - t0,
+                               "load_avg_1m_before": la, "wall_s": wall,
                                "client_cpu_s": _children_cpu_s() - cli0, "server_cpu_s": tree_cpu_s(server.pid) - srv0,
                                **{k: x[k] for k in KEYS}, "completed": x["completed"], "failed": x["failed"],
                                "total_input_tokens": x.get("total_input_tokens"),
-                               "total_output_tokens": x.get("total_output_tokens"), "duration": x.get("duration")}
+                               "total_output_tokens": x.get("total_output_tokens"), "duration": x.get("duration"),
+                               **server_means({k: after[k] - before[k] for k in COUNTERS})}
                         res["runs"].append(row)
                         print(json.dumps(row), flush=True)
                 out_path.write_text(json.dumps(res, indent=1) + "\n")   # a cut pass keeps its cells

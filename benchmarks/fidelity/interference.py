@@ -11,6 +11,7 @@ on core 1 holds a duty cycle of 0, 50 or 100 % (ABC CBA order, repeated). The se
 spinner did to the client.
 
     .venv/bin/python benchmarks/fidelity/interference.py --cell "32/128 c=1" --rounds 2
+    .venv/bin/python benchmarks/fidelity/interference.py --cell "256/128 c=16" --kind memory --duties 0,0.6
 """
 
 from __future__ import annotations
@@ -38,12 +39,25 @@ SPIN = ("import time, sys\n"
         "    while time.perf_counter() < end: pass\n"
         "    time.sleep((1 - duty) * period)\n")
 
+# the same duty cycle spent copying through 2 x 48 MiB (more than the 32 MiB L3 the vCPUs share): a load on
+# caches and memory bandwidth as well as on the core, which a pure busy loop is not
+SPIN_MEMORY = ("import time, sys\n"
+               "duty = float(sys.argv[1]); period = 0.01\n"
+               "a = memoryview(bytearray(48 << 20)); b = memoryview(bytearray(48 << 20))\n"
+               "n, step, i = len(a), 1 << 20, 0\n"
+               "while True:\n"
+               "    end = time.perf_counter() + duty * period\n"
+               "    while time.perf_counter() < end:\n"
+               "        b[i:i + step] = a[i:i + step]; i = (i + step) % n\n"
+               "    time.sleep((1 - duty) * period)\n")
 
-def spinner(duty: float, cpus: str) -> subprocess.Popen | None:
+
+def spinner(duty: float, cpus: str, kind: str = "cpu") -> subprocess.Popen | None:
     """A busy loop holding `duty` of a core, in its own process group (stopped by its id)."""
     if duty <= 0:
         return None
-    return subprocess.Popen(pinned([sys.executable, "-c", SPIN, str(duty)], cpus), start_new_session=True,
+    code = SPIN_MEMORY if kind == "memory" else SPIN
+    return subprocess.Popen(pinned([sys.executable, "-c", code, str(duty)], cpus), start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
@@ -58,6 +72,8 @@ def main() -> None:
     ap.add_argument("--cell", default="32/128 c=1")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--duties", default="0,0.5,1")
+    ap.add_argument("--kind", choices=("cpu", "memory"), default="cpu",
+                    help="what the spinner does with its duty: a busy loop, or memory copies past the L3")
     ap.add_argument("--pin", default="0:1")
     ap.add_argument("--port", type=int, default=18813)
     ap.add_argument("--out", default=str(HERE / "interference.json"))
@@ -71,13 +87,13 @@ def main() -> None:
     with pinned_server(a.port, server_cpus, lambda out: run_ours(url, cell, out, client_cpus)) as tmp:
         for r in range(a.rounds):
             for duty in (duties if r % 2 == 0 else duties[::-1]):
-                spin = spinner(duty, client_cpus)
+                spin = spinner(duty, client_cpus, a.kind)
                 try:
                     time.sleep(0.5)
                     x, d = counted_run(url, lambda: run_ours(url, cell, tmp / f"r{r}-{duty}.json", client_cpus))
                 finally:
                     stop(spin)
-                row = {"round": r, "spin_duty": duty, **server_means(d),
+                row = {"round": r, "spin_duty": duty, "spin_kind": a.kind, **server_means(d),
                        "client_mean_ttft_ms": x["mean_ttft_ms"], "client_mean_tpot_ms": x["mean_tpot_ms"],
                        "client_output_throughput": x["output_throughput"]}
                 rows.append(row)

@@ -20,7 +20,7 @@ from typing import Callable, Iterator
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from fidelity import COUNTERS, cell_name, grid, scrape, server_means  # noqa: E402
+from fidelity import cell_name, counted, grid, server_means  # noqa: E402
 from bench_vs_vllm import parse_pin, reset_prefix_cache, run_ours, run_theirs, start_vllm, stop_vllm  # noqa: E402
 
 @contextlib.contextmanager
@@ -38,14 +38,10 @@ def pinned_server(port: int, server_cpus: str, warm: Callable[[Path], object]) -
 
 
 def counted_run(url: str, run: Callable[[], dict]) -> tuple[dict, dict[str, float]]:
-    """One client run on a reset prefix cache, and the change of the server's own counters over it (read
-    one second after, so that the last request's histograms are in)."""
+    """One client run on a reset prefix cache, and the change of the server's own counters over it."""
     reset_prefix_cache(url)
-    before = scrape(url)
-    x = run()
-    time.sleep(1)
-    after = scrape(url)
-    return x, {k: after[k] - before[k] for k in COUNTERS}
+    x, d, _ = counted(url, run)
+    return x, d
 
 
 def main() -> None:

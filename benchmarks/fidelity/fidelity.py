@@ -27,6 +27,7 @@ import time
 import urllib.request
 from pathlib import Path
 from statistics import mean, median
+from typing import Callable
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
@@ -58,6 +59,18 @@ def scrape(url: str) -> dict[str, float]:
             total += float(m.group(1))
         out[key] = total
     return out
+
+
+def counted(url: str, run: Callable[[], dict]) -> tuple[dict, dict[str, float], float]:
+    """One client run, the change of the server's own counters over it (read one second after, so that
+    the last request's histogram samples are in) and the run's wall time."""
+    before = scrape(url)
+    t0 = time.monotonic()
+    x = run()
+    wall = time.monotonic() - t0
+    time.sleep(1)
+    after = scrape(url)
+    return x, {k: after[k] - before[k] for k in COUNTERS}, wall
 
 
 def server_means(d: dict[str, float]) -> dict[str, float]:
@@ -122,19 +135,15 @@ def run_pass(a: argparse.Namespace) -> Path:
                     for name, fn in (pair if (i + ci) % 2 == 0 else pair[::-1]):
                         reset_prefix_cache(url)
                         la = os.getloadavg()[0]
-                        srv0, cli0, t0 = tree_cpu_s(server.pid), _children_cpu_s(), time.monotonic()
-                        before = scrape(url)
-                        x = fn(url, c, tmp / f"{name}-{ci}-{i}.json", client_cpus)
-                        wall = time.monotonic() - t0
-                        time.sleep(1)    # the last request's histogram samples land after its response
-                        after = scrape(url)
+                        srv0, cli0 = tree_cpu_s(server.pid), _children_cpu_s()
+                        x, d, wall = counted(url, lambda: fn(url, c, tmp / f"{name}-{ci}-{i}.json", client_cpus))
                         row = {"cell": cell_name(c), **c, "client": name, "pair": i,
                                "load_avg_1m_before": la, "wall_s": wall,
                                "client_cpu_s": _children_cpu_s() - cli0, "server_cpu_s": tree_cpu_s(server.pid) - srv0,
                                **{k: x[k] for k in KEYS}, "completed": x["completed"], "failed": x["failed"],
                                "total_input_tokens": x.get("total_input_tokens"),
                                "total_output_tokens": x.get("total_output_tokens"), "duration": x.get("duration"),
-                               **server_means({k: after[k] - before[k] for k in COUNTERS})}
+                               **server_means(d)}
                         res["runs"].append(row)
                         print(json.dumps(row), flush=True)
                 out_path.write_text(json.dumps(res, indent=1) + "\n")   # a cut pass keeps its cells

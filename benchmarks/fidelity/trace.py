@@ -55,9 +55,10 @@ def trace(runs: list[dict]) -> dict[str, dict[str, dict[str, float]]]:
         if not rs:
             continue
         cell = {}
+
+        def med(who: str, f) -> float:
+            return median(f(r) for r in rs if r["client"] == who)
         for k in KEYS:
-            def med(who: str, f) -> float:
-                return median(f(r) for r in rs if r["client"] == who)
             clients = med("autotune", lambda r: r[k]) / med("vllm", lambda r: r[k])
             server = med("autotune", lambda r: _server_figure(r, k)) / med("vllm", lambda r: _server_figure(r, k))
             cell[k] = {"clients": clients, "server": server, "left": clients / server}

@@ -93,6 +93,9 @@ class LoadSpec(_Strict):
     refine_steps: int = Field(2, ge=0, le=10)
     # A request that receives no byte for this long fails (a server that stops answering mid-stream).
     stall_timeout_s: float = Field(300.0, gt=0)
+    # Where a trial's capacity search starts: "study" = near the capacities its earlier trials measured
+    # (the first trial, and any without one, probes from one stream); "probe" = always from one stream.
+    search_start: Literal["study", "probe"] = "study"
 
 
 
@@ -232,6 +235,7 @@ class StudySpec(_Strict):
         body = self.model_dump(exclude={"budget", "storage", "name", "enqueue", "exclusive", "confirm", "warm_start", "early_stop"})
         body["engine"].pop("env", None)  # environment may carry secrets and does not change the landscape
         body["engine"].pop("compile_cache", None)  # search policy and caches change the cost, not the landscape
+        body["load"].pop("search_start", None)
         return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
     def join_hash(self) -> str:
@@ -240,6 +244,7 @@ class StudySpec(_Strict):
         body = self.model_dump(exclude={"budget", "storage", "name", "enqueue", "exclusive", "gpus", "keep_series",
                                        "confirm"})
         body["engine"].pop("env", None)
+        body["load"].pop("search_start", None)   # a search policy: hosts may differ (and older studies lack it)
         return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
     def public_dict(self) -> dict[str, Any]:
@@ -349,12 +354,13 @@ workload: {kind: random, input_len: 1024, output_len: 128}   # or {kind: trace, 
 slo: "ttft:p99<=1s"           # e.g. ttft:p95<=800ms,tpot:p99<=50ms
 objectives: [capacity_tps, p50_tpot_ms]
 load: {mode: capacity, search: concurrency, max_steps: 6, requests_per_step: 200, warmup: 16,   # search: rate; time_scale (trace)
-       stall_timeout_s: 300}     # a request that gets no byte for that long fails (a hung server)
+       stall_timeout_s: 300,     # a request that gets no byte for that long fails (a hung server)
+       search_start: study}      # later trials start near the capacities measured so far; probe: from one stream
 telemetry: {source: auto, hz: 10, headroom_margin: 0.05, require_headroom: false}
 budget: {n_trials: 30, timeout: 8h}
 # the top candidates and the baseline measured again on fresh servers before the study ends (--no-confirm skips)
 confirm: {enabled: true, top_k: 2, repeats: 3}
-warm_start: {from: twin, k: 3}  # the simulator ranks candidates before the first launch (catalog GPU, known model)
+warm_start: {from: twin, k: 3}  # the simulator ranks candidates beside the baseline's start (catalog GPU, known model)
 early_stop: true              # end a trial's capacity search once the Pareto front dominates its bound
 # storage: sqlite:///studies/my-study.db   (default: sqlite:///studies/<name>.db)
 # baseline: {gpu_memory_utilization: 0.8}  (only when vLLM's defaults cannot start on this host)

@@ -111,10 +111,14 @@ class StepWatch(Protocol):
 
 
 class _Search:
-    """The choice of the next load from the steps so far."""
+    """The choice of the next load from the steps so far. `hinted`: the first step was a hint's met end,
+    near the expected crossing, so a single passing step grows by its headroom (1.25x-4x) instead of the
+    probe's 4x-16x, and at least to `expect_broken` (the hint's broken end) where there is one."""
 
-    def __init__(self, integer: bool, upper: float, tolerance: float) -> None:
+    def __init__(self, integer: bool, upper: float, tolerance: float, hinted: bool = False,
+                 expect_broken: float | None = None) -> None:
         self.integer, self.upper, self.tolerance = integer, upper, tolerance
+        self.hinted, self.expect_broken = hinted, expect_broken
         self.points: list[tuple[float, float, bool]] = []   # (load, relative margin, met)
         self.cut: set[float] = set()    # loads whose step was cut short: their margin is a lower bound
 
@@ -183,8 +187,14 @@ class _Search:
             if m1 > m0 and x1 > x0:
                 guess = x1 + (0.0 - m1) * (x1 - x0) / (m1 - m0)
                 return min(max(guess, x1 * 1.25), x1 * 8)
-        # one point: grow with the headroom left (limit / measured), at least 4x, at most 16x
         ratio = 1.0 / max(1.0 + m1, 1e-3)
+        if self.hinted and len(passing) == 1:
+            # one point at a hinted load: the hint's broken end, or further where the margin says the
+            # candidate has far more headroom than the study's earlier trials (a linear guess)
+            if self.expect_broken is not None and self.expect_broken > x1:
+                return max(self.expect_broken, x1 * min(4.0, ratio))
+            return x1 * min(4.0, max(1.25, ratio))
+        # one point: grow with the headroom left (limit / measured), at least 4x, at most 16x
         return x1 * min(16.0, max(4.0, 2.0 * ratio))
 
     def _round(self, x: float, above: float) -> float:
@@ -203,7 +213,8 @@ async def find_capacity(base_url: str, model: str, workload: Workload, slo: SLO,
                         refine_steps: int = DEFAULT_REFINE_STEPS, stall_timeout_s: float | None = None,
                         api_key: str | None = None,
                         should_stop: Callable[[list[LoadStep]], bool] | None = None,
-                        step_watch: StepWatch | None = None, check: float | None = None) -> CapacityResult:
+                        step_watch: StepWatch | None = None, check: float | None = None,
+                        hint: tuple[float, float | None] | None = None) -> CapacityResult:
     """Highest concurrency (`search="concurrency"`, closed loop), request rate (`"rate"`, Poisson) or
     trace speed-up (`"time_scale"`: a trace replayed at its recorded times divided by the load) at which
     every term of `slo` holds, within `max_steps` load steps (the probe counts as one) plus up to
@@ -214,7 +225,13 @@ async def find_capacity(base_url: str, model: str, workload: Workload, slo: SLO,
     inside the bracket, one more step measures it. A confirmation repeat checks its first run's highest
     met load; without it a repeat whose bracket straddles that load reports the bracket's lower end and
     reads as "below the first run" by the search's resolution alone (seen on the H200: 49 / 58 against a
-    first run's 58 / 59)."""
+    first run's 58 / 59).
+    `hint` is a bracket (met, broken or None) the caller expects, e.g. the capacities the study's earlier
+    trials measured: the search starts at its met end instead of the probe at one stream, and a pass there
+    aims next at its broken end. On the H200 the probe and the step after it took 30 s of a trial's 77 s
+    of load, measuring loads far below a capacity every trial of the study shared. A first step that
+    breaks the SLO falls back to the probe, so a wrong hint costs one step, not the answer: the result is
+    still the highest met and lowest broken load the steps found."""
     if search not in ("concurrency", "rate", "time_scale"):
         raise UserError(f"capacity search is by 'concurrency', 'rate' or 'time_scale', not {search!r}")
     trace_rate = replay_rate(workload) if search == "time_scale" else None   # replay.py (trace replay)
@@ -225,7 +242,13 @@ async def find_capacity(base_url: str, model: str, workload: Workload, slo: SLO,
     if min_waves < 0 or refine_steps < 0 or not max_bracket > 0:
         raise UserError("min_waves and refine_steps must be >= 0 and max_bracket > 0")
     integer = search == "concurrency"
-    searcher = _Search(integer, upper if upper is not None else (1024 if integer else math.inf), tolerance)
+    cap_load = upper if upper is not None else (1024 if integer else math.inf)
+    if hint is not None and (start is not None or trace_rate is not None or not hint[0] > (1 if integer else 0)):
+        hint = None   # an explicit start wins; a trace's replay needs its probe (replay_upper); one stream is the probe
+    if hint is not None:
+        hint = (min(float(int(hint[0])) if integer else float(hint[0]), cap_load),
+                hint[1] if hint[1] is not None and hint[1] > hint[0] else None)
+    searcher = _Search(integer, cap_load, tolerance, hinted=hint is not None, expect_broken=hint[1] if hint else None)
     steps: list[LoadStep] = []
     cache_reset = True
     common: dict[str, Any] = dict(slo=slo, endpoint=endpoint, tokenizer=tokenizer, timeout_s=timeout_s,
@@ -277,8 +300,10 @@ async def find_capacity(base_url: str, model: str, workload: Workload, slo: SLO,
             on_step(s)
         return s
 
-    first = start if start is not None else 1.0
-    await step(float(int(first)) if integer else first, probe=start is None)
+    first = start if start is not None else (hint[0] if hint is not None else 1.0)
+    await step(float(int(first)) if integer else first, probe=start is None and hint is None)
+    if hint is not None and not steps[0].slo_met and max_steps > 2:
+        await step(1.0, probe=True)     # the hint was above this candidate's capacity: probe as without one
     if trace_rate is not None and upper is None:   # a trace sped up past "all at once" offers no more load
         searcher.upper = replay_upper(workload, steps[0].measurement, replay_requests(workload, requests_per_step,
                                                                                       warmup))

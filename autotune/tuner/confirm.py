@@ -29,7 +29,7 @@ from autotune.store.queries import best_trial, is_feasible, pareto_front
 from autotune.store.repository import ResultStore
 from autotune.tuner.objectives import measured_constraints, pick
 from autotune.tuner.trial import TrialOutcome, TrialRunner
-from autotune.tuner.verdict import bracket_low, quality_changing
+from autotune.tuner.verdict import bracket_low, first_bracket, quality_changing
 
 ROUND_SEED_BASE = 7_770_001    # fresh prompts: the first runs drew theirs from the spec's seed
 ROUND_SEED_STRIDE = 104_729
@@ -106,7 +106,8 @@ def confirm_study(spec: StudySpec, store: ResultStore, study: StudyRecord, runne
         say(f"[confirm {r + 1}/{repeats}] trial {t.number} ({t.role}), seed {seed}")
         started = utcnow()
         outcome = runner.run(t.number, t.flags, [], phase, lease=lease, seed=seed,
-                             log_name=f"confirm-{t.number:04d}-r{r}.log", claim=bracket_low(t))
+                             log_name=f"confirm-{t.number:04d}-r{r}.log", claim=bracket_low(t),
+                             hint=first_bracket(t) if spec.load.search_start == "study" else None)
         row = _row(spec, outcome)
         store.save_confirmation(study_id=study.id, trial_id=t.id, round=r, position=pos, seed=seed,
                                 started_at=started, finished_at=utcnow(),

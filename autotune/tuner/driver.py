@@ -158,6 +158,7 @@ class StudyDriver:
         self.cancelled = False
         self.spent = False                # the search space has nothing new left (search_hooks.spent)
         self.twin: Any = None             # set by search_hooks.open_policy
+        self.warm: Any = None             # search_hooks.WarmStart while the twin ranks beside the baseline
         self.before_launch: list[LaunchCheck] = []
         self.after_tell: list[TellHook] = []
         self.after_budget: list[BudgetStep] = []
@@ -330,7 +331,7 @@ class StudyDriver:
                 self.study.enqueue_trial(extra, user_attrs={"role": "enqueued", "enqueued": sorted(extra),
                                                             "spec_candidate": key})
         if self.twin is not None and self.claim("warm_start"):
-            search_hooks.warm_start(self, self.progress)   # the twin's picks, once per study
+            self.warm = search_hooks.warm_start(self, self.progress)   # the twin's picks, once per study
 
     def _requeue(self, params: dict[str, Any], role: str, number: int) -> None:
         self.study.enqueue_trial(params, user_attrs={"role": role, "enqueued": sorted(params),
@@ -364,8 +365,11 @@ class StudyDriver:
         same few milliseconds may both ask, so a study can overshoot by one trial per such process."""
         if self.cancelled or self.stop_reason is not None or self.spent:
             return False
-        if sum(self.counts()) >= self.n_trials:
+        started = sum(self.counts())
+        if started >= self.n_trials:
             return False
+        if started and self.warm is not None and self.warm.pending():
+            return False     # the twin's picks run right after the baseline: nothing else starts before them
         if search_hooks.spent(self, self.progress):   # nothing new left to propose
             self.spent = True
             return False
@@ -444,7 +448,10 @@ class StudyDriver:
         self.store.save_trial(self.record.id, job.number, lease=lease.to_json(), started_at=job.started_at)
         with self._lock:
             stopper = search_hooks.stopper(self)   # early stopping against the front as it is now
-        return self.runner.run(job.number, job.flags, [], phase, lease=lease, stopper=stopper)
+            hint = search_hooks.capacity_hint(self)   # the capacity search starts near the study's capacities
+        warm = self.warm if self.warm is not None and self.warm.pending() else None
+        return self.runner.run(job.number, job.flags, [], phase, lease=lease, stopper=stopper, hint=hint,
+                               before_load=(lambda: warm.wait(phase)) if warm is not None else None)
 
     def finish(self, job: TrialJob, lease: Lease | None, outcome: TrialOutcome) -> None:
         """Tell Optuna and store the evidence (thread-safe)."""

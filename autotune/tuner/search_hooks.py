@@ -2,15 +2,19 @@
 each function from one place, with itself as `loop`.
 
 - `open_policy`: the policy, with what the study already learned (limits, flags run) restored.
-- `warm_start`: on a new study, the twin's best picks enqueued after the baseline (tuner/warmstart.py).
+- `warm_start`: on a new study, the twin's best picks enqueued after the baseline (tuner/warmstart.py),
+  ranked in the background while the baseline's server starts.
 - `screen`: a duplicate or a candidate outside a learned limit is told without a launch and not counted.
 - `predict`: the twin's prediction and rank stored beside the trial.
 - `stopper`: the early-stopping check handed to the trial's capacity search.
+- `capacity_hint`: where that search starts, from the capacities the study measured so far.
 - `after_tell`: what ran is remembered; a failure that states its limit narrows the space.
 """
 
 from __future__ import annotations
 
+import statistics
+import threading
 import time
 from typing import Any
 
@@ -61,26 +65,71 @@ def open_policy(loop: Any) -> None:
             loop.ranking = Ranking(spec.objectives[0], spec.directions()[0] == "maximize", list(values))
 
 
-def warm_start(loop: Any, progress: Any) -> None:
-    """Once per study, right after the baseline (and the spec's own candidates) are first enqueued."""
+class WarmStart:
+    """The twin's ranking, run in a thread beside the baseline's server start (it used to hold the GPU
+    idle before the first launch: 63 s of a 9-trial H200 study). The baseline's load waits for it
+    (`wait`), so the ranking never competes with the load client for the CPU or the GIL, and the study
+    asks no other trial until it is done (`pending`), so its picks still run right after the baseline."""
+
+    def __init__(self, loop: Any, progress: Any) -> None:
+        self.loop, self.progress = loop, progress
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"warm-start {loop.spec.name}", daemon=True)
+        self._thread.start()
+
+    def pending(self) -> bool:
+        return not self._done.is_set()
+
+    def wait(self, phase: Any = None) -> None:
+        """Block until the ranking is done (interruptible: the trial runner's gate raises into this thread)."""
+        if self._done.is_set():
+            return
+        if phase is not None:
+            phase("waiting for the twin's ranking to finish before the load")
+        while not self._done.wait(0.2):
+            pass
+
+    def _run(self) -> None:
+        try:
+            _rank_and_enqueue(self.loop, self.progress)
+        except Exception as exc:     # the twin is advice: a failure costs the picks, never the study
+            self.progress.message(f"warm start failed, the sampler chooses instead: {exc}")
+        finally:
+            self._done.set()
+
+
+def warm_start(loop: Any, progress: Any) -> WarmStart | None:
+    """Once per study, right after the baseline (and the spec's own candidates) are first enqueued:
+    the ranking starts in the background; None where it does not apply."""
     spec = loop.spec
     if loop.twin is None or spec.warm_start.k == 0 or RANKING_ATTR in loop.study.user_attrs:
-        return
+        return None
     if loop.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-        return      # a study that already measured something (e.g. created before warm starts existed)
+        return None   # a study that already measured something (e.g. created before warm starts existed)
+    return WarmStart(loop, progress)
+
+
+def _rank_and_enqueue(loop: Any, progress: Any) -> None:
+    spec = loop.spec
     objective = spec.objectives[0]
     progress.message(f"twin (simulated) ranking {spec.warm_start.candidates} candidates by {objective} "
-                     f"before the first launch")
+                     f"beside the baseline's start")
     t0 = time.monotonic()
     picks, ranking = warm_start_picks(loop.space, loop.fixed_flags, spec.num_gpus, loop.twin, objective=objective,
                                       maximize=spec.directions()[0] == "maximize", n=spec.warm_start.candidates,
                                       k=spec.warm_start.k, seed=spec.seed)
-    loop.study.set_user_attr(RANKING_ATTR, ranking.values)
-    loop.ranking = ranking
-    for pick in picks:
-        loop.study.enqueue_trial(pick.params, user_attrs={
-            "role": "warm_start", "enqueued": sorted(pick.params), "twin_rank": pick.rank,
-            "twin_predicted": pick.predicted})
+    with loop._lock:
+        loop.study.set_user_attr(RANKING_ATTR, ranking.values)
+        loop.ranking = ranking
+        for pick in picks:
+            loop.study.enqueue_trial(pick.params, user_attrs={
+                "role": "warm_start", "enqueued": sorted(pick.params), "twin_rank": pick.rank,
+                "twin_predicted": pick.predicted})
+        # trials predicted before the ranking existed (the baseline) get their rank now
+        for number, rec in loop.store.predictions(loop.record.id).items():
+            value = (rec.predicted or {}).get(objective)
+            if rec.rank is None and value is not None:
+                loop.store.save_prediction(loop.record.id, number, ranking.rank_of(float(value)), dict(rec.predicted))
     progress.message(f"warm start: {len(ranking.values)} candidates ranked in {time.monotonic() - t0:.0f} s"
                      + "".join(f"; #{p.rank} predicted {objective}={p.predicted.get(objective, 0):.4g}"
                                for p in picks))
@@ -150,6 +199,29 @@ def stopper(loop: Any) -> Any:
     front = [t.values for t in loop.feasible_trials()]
     return loop.policy.stopper(loop.spec.objectives, loop.spec.directions(), front,
                                integer=loop.spec.load.search == "concurrency")
+
+
+def capacity_hint(loop: Any) -> tuple[float, float | None] | None:
+    """Where the next trial's capacity search starts (bench/capacity.py `hint`): the median highest met
+    and lowest broken load of the study's measured trials, or None (the probe at one stream) before the
+    first or with `load.search_start: probe`. A median, not the incumbent's: a
+    candidate below the hint costs one extra step (the probe), and most candidates sit near the middle."""
+    load = loop.spec.load
+    if load.mode != "capacity" or load.search_start != "study":
+        return None
+    met, broken = [], []
+    for rec in loop.store.trials(loop.record.id):
+        bracket = (rec.capacity or {}).get("bracket") if rec.state == "ok" else None
+        if not bracket or bracket[0] is None:
+            continue
+        met.append(float(bracket[0]))
+        if bracket[1] is not None:
+            broken.append(float(bracket[1]))
+    if not met:
+        return None
+    lo = statistics.median(met)
+    hi = statistics.median(broken) if broken else None
+    return lo, hi if hi is not None and hi > lo else None
 
 
 def after_tell(loop: Any, number: int, params: dict[str, Any], flags: list[str], outcome: Any,

@@ -72,6 +72,8 @@ class _Launch:
     seed: int
     stopper: Any = None        # tuner/earlystop.EarlyStop, or None
     claim: float | None = None   # a load the capacity search must settle (a confirmation repeat's check)
+    hint: tuple[float, float | None] | None = None   # where the capacity search starts (bench/capacity.py)
+    before_load: Callable[[], None] | None = None    # waited for between /health and the first request
 
 
 class TrialRunner:
@@ -103,11 +105,14 @@ class TrialRunner:
 
     def run(self, number: int, flags: Sequence[str], violations: Sequence[str], phase: Phase,
             lease: Lease | None = None, *, seed: int | None = None, log_name: str | None = None,
-            stopper: Any = None, claim: float | None = None) -> TrialOutcome:
+            stopper: Any = None, claim: float | None = None, hint: tuple[float, float | None] | None = None,
+            before_load: Callable[[], None] | None = None) -> TrialOutcome:
         """`stopper` (tuner/earlystop.EarlyStop) may end the capacity search early. `seed` replaces the spec's prompt seed (a confirmation round draws fresh prompts); `log_name`
         replaces the server log's file name (a confirmation repeat must not overwrite its trial's log);
         `claim` is a load whose pass or fail the capacity search must settle (the first run's highest met
-        load, when a confirmation repeat tests it).
+        load, when a confirmation repeat tests it); `hint` is the bracket the capacity search starts from
+        (the study's capacities so far); `before_load` is called once the server is ready and before any
+        request, so that work overlapping the server's start (the twin's ranking) ends before the load.
         With a lease: the lease's GPUs (CUDA_VISIBLE_DEVICES), its HTTP port and a block of internal
         ports, the server and this thread (the load client) pinned to its cores, telemetry over its GPUs
         only. Without one: the study's GPUs and any free port, as a single trial always ran."""
@@ -131,7 +136,7 @@ class TrialRunner:
                 # the CPU build binds its OpenMP threads itself: to this lease's share, when it is one
                 env.setdefault("VLLM_CPU_OMP_THREADS_BIND", format_cpulist(cores))
         launch = _Launch(all_flags, log_path, gpus, env, cores, self.spec.seed if seed is None else seed, stopper,
-                         claim)
+                         claim, hint, before_load)
         pinned = _pin_thread(cores)
         try:
             for attempt in range(1, PORT_ATTEMPTS + 1):
@@ -204,6 +209,8 @@ class TrialRunner:
         except EngineFailure as f:
             return TrialOutcome("failed", f.cause, f.detail, log_tail=f.log_tail or server.log_tail(),
                                 log_path=str(log_path))
+        if launch.before_load is not None:
+            launch.before_load()
         sampler = self.telemetry.sampler(TelemetryTarget(server_pid=server.pid, gpus=list(gpus),
                                                          server_url=server.url), hz=self.spec.telemetry.hz)
         sampler.start()
@@ -283,16 +290,17 @@ class TrialRunner:
             phase(f"capacity search: {at} -> "
                   f"{step.measurement.metrics.get('output_throughput', 0):.0f} tok/s, {met}")
 
-        phase(f"capacity search by {load.search}")
+        phase(f"capacity search by {load.search}" + (f", starting near the study's {launch.hint[0]:g}"
+                                                     if launch.hint else ""))
         cap: CapacityResult = run_async(find_capacity(
             url, model, self.workload, self.slo, search=load.search, max_steps=load.max_steps,
             requests_per_step=load.requests_per_step, warmup=load.warmup, seed=seed,
             tokenizer=self.tokenizer, on_step=on_step, min_waves=load.min_waves, min_step_s=load.min_step_s,
             max_bracket=load.max_bracket, refine_steps=load.refine_steps, stall_timeout_s=load.stall_timeout_s,
             api_key=self.api_key, should_stop=stopper.should_stop if stopper else None,
-            step_watch=JitWatch(launch.log_path), check=launch.claim))
+            step_watch=JitWatch(launch.log_path), check=launch.claim, hint=launch.hint))
         chosen = cap.at_capacity or (cap.steps[0].measurement if cap.steps else None)
-        info = {"mode": cap.mode, "capacity": cap.capacity, "cache_reset": cap.cache_reset, "note": cap.note,
+        info = {"mode": cap.mode, "capacity": cap.capacity, "hint": list(launch.hint) if launch.hint else None, "cache_reset": cap.cache_reset, "note": cap.note,
                 "bracket": list(cap.bracket), "measurement_flags": list(cap.flags), "seed": seed,
                 "steps": [{"load": s.load, "slo_met": s.slo_met, "first_wave": s.measurement.first_wave_summary(),
                            "prefix_cache_hit_pct": s.measurement.metrics.get("prefix_cache_hit_pct"),

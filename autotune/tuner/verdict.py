@@ -146,6 +146,15 @@ def bracket_low(trial: TrialRecord) -> float | None:
     return cap.get("capacity")
 
 
+def first_bracket(trial: TrialRecord) -> tuple[float, float | None] | None:
+    """The first run's capacity bracket (highest met, lowest broken load): where a repeat's capacity
+    search starts (bench/capacity.py `hint`), since a repeat asks whether that load is met again."""
+    br = (trial.capacity or {}).get("bracket")
+    if not br or br[0] is None:
+        return None
+    return float(br[0]), (float(br[1]) if br[1] is not None else None)
+
+
 def summarize_confirmations(study: StudyRecord, trials: Sequence[TrialRecord],
                             rows: Sequence[ConfirmationRecord]) -> dict[int, Confirmed]:
     """Trial number -> its confirmation, for every trial with repeats."""

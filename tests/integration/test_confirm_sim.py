@@ -67,6 +67,10 @@ def test_confirm_on_the_simulator(tmp_path: Path, servers_in, sim_spec) -> None:
     seeds = {r[0]: {x[2] for x in rows if x[0] == r[0]} for r in rows}
     assert all(len(s) == 1 for s in seeds.values()) and len({min(s) for s in seeds.values()}) == 3
     assert 0 not in {x[2] for x in rows}                      # fresh prompts: not the first runs' seed
+    # each repeat's capacity search starts at its first run's highest met load (no probe at one stream)
+    first = {n: json.loads(c)["bracket"][0] for n, c in _q(db, "select number, capacity from autotune_trials")}
+    starts = _q(db, "select t.number, c.capacity from autotune_confirmations c join autotune_trials t on t.id = c.trial_id")
+    assert starts and all(json.loads(c)["steps"][0]["load"] == int(first[n]) for n, c in starts)
     assert _q(db, "select count(*) from trials where state = 'COMPLETE'") == [(2,)]     # not counted as trials
     assert _q(db, "select trial_id, objective, value from trial_values order by 1, 2") == values_before
 

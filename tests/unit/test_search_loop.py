@@ -137,20 +137,36 @@ def test_duplicates_are_skipped_and_not_counted(tmp_path: Path) -> None:
 
 def test_the_twin_warm_start_enqueues_its_picks_after_the_baseline(tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+    import time
+
     calls: list[dict[str, Any]] = []
+    ranked_until = [0.0]
 
     def fake_twin(*args: Any, **kwargs: Any) -> Any:
         def predict(params: dict[str, Any]) -> dict[str, float]:
-            calls.append(dict(params))
+            if threading.current_thread().name.startswith("warm-start"):   # the ranking, not a trial's own
+                time.sleep(0.02)                                           # prediction beside it
+                calls.append(dict(params))
+                ranked_until[0] = time.monotonic()
             return {"capacity_tps": float(params["max_num_seqs"]), "p50_tpot_ms": 5.0}
         return predict
 
+    launched: list[float] = []
+
+    def fail(flags: Sequence[str]) -> tuple[str, str]:
+        launched.append(time.monotonic())
+        return causes.CRASH, "exit code 1"
+
     monkeypatch.setattr(search_hooks, "twin_predictor", fake_twin)
-    engine = FailingEngine(lambda flags: (causes.CRASH, "exit code 1"))
+    engine = FailingEngine(fail)
     space = {"params": {"max_num_seqs": {"type": "int", "low": 16, "high": 1024, "default": 1024},
                         "enable_prefix_caching": {"type": "bool", "default": True}}}
     _loop(tmp_path, space, engine, n_trials=4, warm_start={"from": "twin", "k": 2, "candidates": 50}).run()
-    ranked = sorted(calls[:50], key=lambda p: -p["max_num_seqs"])   # the twin's ranking of the candidates
+    assert len(calls) == 50
+    # the ranking ran beside the baseline's start, and no other trial launched before it was done
+    assert launched[0] < ranked_until[0] <= launched[1]
+    ranked = sorted(calls, key=lambda p: -p["max_num_seqs"])   # the twin's ranking of the candidates
     rows = _rows(tmp_path)
     assert [r[1] for r in rows[:3]] == ["baseline", "warm_start", "warm_start"]
     import json
@@ -159,6 +175,7 @@ def test_the_twin_warm_start_enqueues_its_picks_after_the_baseline(tmp_path: Pat
     with sqlite3.connect(tmp_path / "s.db") as conn:
         preds = dict(conn.execute("select number, rank from autotune_predictions").fetchall())
     assert preds[1] == 1 and preds[2] == 2 and set(preds) >= {0, 1, 2, 3}   # every trial carries the twin's rank
+    assert preds[0] is not None    # the baseline, predicted before the ranking existed, got its rank after
 
 
 def test_trials_share_compile_caches_under_the_study_folder(tmp_path: Path) -> None:

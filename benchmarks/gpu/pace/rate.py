@@ -3,7 +3,8 @@
 
 A trial's GPU time is its own wall clock (started to finished, in the DB's clock): the gaps between
 device calls, when no trial ran, are left out of both runs alike. "Launched" trials started a server
-(measured, or failed after a launch); candidates rejected before a launch (a learned limit, a flag rule,
+(measured, early-stopped, or failed after a launch); "measured" counts the ones measured to the end;
+candidates rejected before a launch (a learned limit, a flag rule,
 a duplicate) cost no GPU time and are counted apart. Startup is autotune's launch-to-ready time; load is
 the rest of the trial (capacity search, telemetry, stopping the server).
 
@@ -46,11 +47,13 @@ def rows(path: str) -> list[dict]:
 def summary(arg: str) -> dict:
     path, _, extra = arg.partition(":")
     rs = rows(path)
-    launched = [r for r in rs if r["cause"] not in NOT_LAUNCHED and r["state"] in ("ok", "failed", "interrupted")]
+    launched = [r for r in rs if r["cause"] not in NOT_LAUNCHED
+                and r["state"] in ("ok", "failed", "interrupted", "stopped")]   # stopped: early-stopped
     ok = [r for r in launched if r["state"] == "ok"]
     gpu_s = sum(r["wall"] or 0 for r in launched) + float(extra or 0)
     return {"db": arg, "trials": len(rs), "launched": len(launched), "measured": len(ok),
             "not_launched": len(rs) - len(launched), "interrupted": sum(r["state"] == "interrupted" for r in rs),
+            "early_stopped": sum(r["state"] == "stopped" for r in rs),
             "gpu_s": gpu_s, "launched_per_h": 3600 * len(launched) / gpu_s, "measured_per_h": 3600 * len(ok) / gpu_s,
             "median_wall_ok": median(r["wall"] for r in ok),
             "median_startup_ok": median(r["startup_seconds"] for r in ok),
@@ -64,7 +67,8 @@ def main() -> None:
           "| measured / GPU-h | median wall s (measured) | median startup s | median load s | median steps |")
     print("|---|" + "---|" * 11)
     for s in sums:
-        print(f"| {s['db']} | {s['trials']} | {s['launched']} ({s['interrupted']} interrupted) | {s['measured']} "
+        print(f"| {s['db']} | {s['trials']} | {s['launched']} ({s['interrupted']} interrupted, "
+              f"{s['early_stopped']} early-stopped) | {s['measured']} "
               f"| {s['not_launched']} | {s['gpu_s']:.0f} | {s['launched_per_h']:.1f} | {s['measured_per_h']:.1f} "
               f"| {s['median_wall_ok']:.0f} | {s['median_startup_ok']:.0f} | {s['median_load_ok']:.0f} "
               f"| {s['median_steps_ok']:g} |")

@@ -1,0 +1,94 @@
+"""The capacity search started near the study's known capacities (`hint`): against the mock server
+(real HTTP, a batch model whose capacity is known: 40 streams) it skips the probe, finds the same
+crossing in fewer steps, and a hint above the candidate's capacity falls back to the probe; in a study
+on the labelled simulator, the first trial probes and the later ones start at the median bracket of the
+trials before them, unless `load.search_start: probe`."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import statistics
+from pathlib import Path
+
+from autotune.bench import find_capacity, parse_workload
+from autotune.bench.capacity import _Search
+from autotune.bench.mockserver import MockConfig, build_app, serve
+from autotune.slo import SLO
+
+W = parse_workload("random:input_len=20,output_len=16")
+TPOT = SLO.parse("tpot:p50<=12.125ms")   # TPOT = 2 + 0.25 x batch ms: the highest concurrency meeting it is 40
+
+
+def test_one_passing_hinted_step_aims_at_the_hints_broken_end_or_its_own_headroom() -> None:
+    s = _Search(True, 1024.0, 0.03, hinted=True, expect_broken=41.0)
+    s.add(36, -0.1, True)
+    assert s.next_load() == 41                 # little headroom: the study's broken end
+    far = _Search(True, 1024.0, 0.03, hinted=True, expect_broken=41.0)
+    far.add(36, -0.75, True)
+    assert far.next_load() == 144              # 4x the latency headroom: far past the hint, capped at 4x
+    alone = _Search(True, 1024.0, 0.03, hinted=True)
+    alone.add(36, -0.05, True)
+    assert alone.next_load() == 45             # no broken end known: at least 1.25x
+    probe = _Search(True, 1024.0, 0.03)
+    probe.add(36, -0.05, True)
+    assert probe.next_load() == 144            # without a hint, one point grows by 4x-16x as before
+
+
+async def test_a_hint_skips_the_probe_and_finds_the_crossing_in_fewer_steps() -> None:
+    async with serve(build_app(MockConfig(mode="batch", step_ms=2, per_seq_ms=0.25))) as url:
+        plain = await find_capacity(url, "mock", W, TPOT, requests_per_step=20, warmup=2)
+        hinted = await find_capacity(url, "mock", W, TPOT, requests_per_step=20, warmup=2, hint=(36, 41))
+    assert plain.steps[0].load == 1 and plain.steps[0].measurement.metrics["completed"] <= 20   # the probe
+    assert hinted.steps[0].load == 36 and hinted.steps[1].load == 41
+    assert len(hinted.steps) < len(plain.steps)
+    # the same crossing (40 on a quiet box; a busy one reads lower, never higher): both brackets end
+    # at a broken load above the other's met load
+    assert hinted.capacity is not None and plain.capacity is not None
+    assert 28 <= hinted.capacity <= 41 and 28 <= plain.capacity <= 41
+    assert hinted.bracket[1] > plain.capacity and plain.bracket[1] > hinted.capacity
+    assert json.loads(json.dumps(hinted.to_json()))["bracket"] == list(hinted.bracket)
+
+
+async def test_a_hint_above_the_candidates_capacity_falls_back_to_the_probe() -> None:
+    async with serve(build_app(MockConfig(mode="batch", step_ms=2, per_seq_ms=0.25))) as url:
+        r = await find_capacity(url, "mock", W, TPOT, requests_per_step=20, warmup=2, hint=(200, 240))
+    assert [s.load for s in r.steps[:2]] == [200, 1] and not r.steps[0].slo_met
+    assert r.capacity is not None and 20 <= r.capacity <= 41
+
+
+def _first_steps(db: Path) -> list[tuple[int, str, float, list[float | None], list[float] | None]]:
+    with sqlite3.connect(db) as conn:
+        rows = conn.execute("select number, state, capacity from autotune_trials order by number").fetchall()
+    out = []
+    for number, state, cap in rows:
+        if cap:
+            doc = json.loads(cap)
+            out.append((number, state, doc["steps"][0]["load"], doc["bracket"], doc.get("hint")))
+    return out
+
+
+def test_later_trials_start_at_the_median_bracket_of_the_trials_before(autotune_run, sim_spec,
+                                                                       tmp_path: Path) -> None:
+    spec = sim_spec("hint", engine={"time_scale": 40}, confirm={"enabled": False}, early_stop=False)
+    run = autotune_run(["run", "--study", str(spec), "--n-trials", "4", "--no-progress"], tmp_path)
+    assert run.finish(300) == 0, "\n".join(run.lines)
+    rows = _first_steps(tmp_path / "hint.db")
+    assert rows[0][0] == 0 and rows[0][2] == 1 and rows[0][4] is None          # the baseline probes
+    assert any("starting near the study's" in line for line in run.lines)
+    for i, (number, _, first, _, hint) in enumerate(rows[1:], start=1):
+        before = [r for r in rows[:i] if r[1] == "ok" and r[3][0] is not None]
+        met = statistics.median(r[3][0] for r in before)
+        broken = [r[3][1] for r in before if r[3][1] is not None]
+        assert hint is not None and hint[0] == met, (number, hint, met)
+        assert hint[1] == (statistics.median(broken) if broken and statistics.median(broken) > met else None)
+        assert first == int(met)                                                  # no probe: the hint's met end
+
+
+def test_search_start_probe_keeps_the_probe_for_every_trial(autotune_run, sim_spec, tmp_path: Path) -> None:
+    spec = sim_spec("probe", engine={"time_scale": 40}, confirm={"enabled": False}, early_stop=False,
+                    load={"search_start": "probe"})
+    run = autotune_run(["run", "--study", str(spec), "--n-trials", "2", "--no-progress"], tmp_path)
+    assert run.finish(300) == 0, "\n".join(run.lines)
+    rows = _first_steps(tmp_path / "probe.db")
+    assert len(rows) == 2 and all(r[2] == 1 and r[4] is None for r in rows)

@@ -448,7 +448,7 @@ class StudyDriver:
         self.store.save_trial(self.record.id, job.number, lease=lease.to_json(), started_at=job.started_at)
         with self._lock:
             stopper = search_hooks.stopper(self)   # early stopping against the front as it is now
-            hint = search_hooks.capacity_hint(self)   # the capacity search starts near the study's capacities
+            hint = search_hooks.capacity_hint(self, job.flags)   # the search starts near the study's capacities
         warm = self.warm if self.warm is not None and self.warm.pending() else None
         return self.runner.run(job.number, job.flags, [], phase, lease=lease, stopper=stopper, hint=hint,
                                before_load=(lambda: warm.wait(phase)) if warm is not None else None)

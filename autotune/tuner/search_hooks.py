@@ -21,6 +21,7 @@ from typing import Any
 from optuna.trial import TrialState
 
 from autotune import causes
+from autotune.flags import flags_to_mapping
 from autotune.store.models import utcnow
 from autotune.tuner.host import catalog_gpu_name, nvml_gpus
 from autotune.tuner.narrowing import Limit
@@ -201,11 +202,14 @@ def stopper(loop: Any) -> Any:
                                integer=loop.spec.load.search == "concurrency")
 
 
-def capacity_hint(loop: Any) -> tuple[float, float | None] | None:
+def capacity_hint(loop: Any, flags: list[str] | None = None) -> tuple[float, float | None] | None:
     """Where the next trial's capacity search starts (bench/capacity.py `hint`): the median highest met
     and lowest broken load of the study's measured trials, or None (the probe at one stream) before the
-    first or with `load.search_start: probe`. A median, not the incumbent's: a
-    candidate below the hint costs one extra step (the probe), and most candidates sit near the middle."""
+    first or with `load.search_start: probe`. A median, not the incumbent's: a candidate below the hint
+    costs one extra step (the probe), and most candidates sit near the middle. A concurrency search on a
+    candidate whose `--max-num-seqs` (in `flags`) is below the median starts at that cap instead: more
+    streams than it batches queue for a slot, and on the H200 every such start broke the SLO and fell
+    back to the probe (7 steps instead of 4)."""
     load = loop.spec.load
     if load.mode != "capacity" or load.search_start != "study":
         return None
@@ -221,6 +225,9 @@ def capacity_hint(loop: Any) -> tuple[float, float | None] | None:
         return None
     lo = statistics.median(met)
     hi = statistics.median(broken) if broken else None
+    seqs = flags_to_mapping([*loop.fixed_flags, *(flags or [])]).get("max_num_seqs")
+    if load.search == "concurrency" and seqs is not None and str(seqs).isdigit() and 1 < int(seqs) < lo:
+        return float(seqs), None
     return lo, hi if hi is not None and hi > lo else None
 
 

@@ -2,7 +2,7 @@
 (real HTTP, a batch model whose capacity is known: 40 streams) it skips the probe, finds the same
 crossing in fewer steps, and a hint above the candidate's capacity falls back to the probe; in a study
 on the labelled simulator, the first trial probes and the later ones start at the median bracket of the
-trials before them, unless `load.search_start: probe`."""
+trials before them (or at their own max-num-seqs when that is lower), unless `load.search_start: probe`."""
 
 from __future__ import annotations
 
@@ -57,14 +57,16 @@ async def test_a_hint_above_the_candidates_capacity_falls_back_to_the_probe() ->
     assert r.capacity is not None and 20 <= r.capacity <= 41
 
 
-def _first_steps(db: Path) -> list[tuple[int, str, float, list[float | None], list[float] | None]]:
+def _first_steps(db: Path) -> list[tuple[int, str, float, list[float | None], list[float] | None, int | None]]:
+    """(number, state, first step's load, bracket, hint, max-num-seqs) of each measured trial."""
     with sqlite3.connect(db) as conn:
-        rows = conn.execute("select number, state, capacity from autotune_trials order by number").fetchall()
+        rows = conn.execute("select number, state, capacity, flags from autotune_trials order by number").fetchall()
     out = []
-    for number, state, cap in rows:
+    for number, state, cap, flags in rows:
         if cap:
-            doc = json.loads(cap)
-            out.append((number, state, doc["steps"][0]["load"], doc["bracket"], doc.get("hint")))
+            doc, fl = json.loads(cap), json.loads(flags)
+            seqs = int(fl[fl.index("--max-num-seqs") + 1]) if "--max-num-seqs" in fl else None
+            out.append((number, state, doc["steps"][0]["load"], doc["bracket"], doc.get("hint"), seqs))
     return out
 
 
@@ -76,10 +78,13 @@ def test_later_trials_start_at_the_median_bracket_of_the_trials_before(autotune_
     rows = _first_steps(tmp_path / "hint.db")
     assert rows[0][0] == 0 and rows[0][2] == 1 and rows[0][4] is None          # the baseline probes
     assert any("starting near the study's" in line for line in run.lines)
-    for i, (number, _, first, _, hint) in enumerate(rows[1:], start=1):
+    for i, (number, _, first, _, hint, seqs) in enumerate(rows[1:], start=1):
         before = [r for r in rows[:i] if r[1] == "ok" and r[3][0] is not None]
         met = statistics.median(r[3][0] for r in before)
         broken = [r[3][1] for r in before if r[3][1] is not None]
+        if seqs is not None and seqs < met:     # more streams than it batches would queue: start at its cap
+            assert hint == [seqs, None] and first == seqs, (number, hint, seqs)
+            continue
         assert hint is not None and hint[0] == met, (number, hint, met)
         assert hint[1] == (statistics.median(broken) if broken and statistics.median(broken) > met else None)
         assert first == int(met)                                                  # no probe: the hint's met end
@@ -92,3 +97,25 @@ def test_search_start_probe_keeps_the_probe_for_every_trial(autotune_run, sim_sp
     assert run.finish(300) == 0, "\n".join(run.lines)
     rows = _first_steps(tmp_path / "probe.db")
     assert len(rows) == 2 and all(r[2] == 1 and r[4] is None for r in rows)
+
+
+def test_the_hint_is_the_median_bracket_and_a_lower_max_num_seqs_caps_it() -> None:
+    from types import SimpleNamespace
+
+    from autotune.spec import build_spec
+    from autotune.tuner.search_hooks import capacity_hint
+
+    def rec(state: str, bracket: list[float | None] | None) -> SimpleNamespace:
+        return SimpleNamespace(state=state, capacity={"bracket": bracket} if bracket else None)
+
+    spec = build_spec({"name": "h", "model": "m", "engine": {"kind": "vllm", "command": ["vllm"]}}, "test")
+    records = [rec("ok", [35, 40]), rec("ok", [39, 41]), rec("ok", [40, None]), rec("failed", None),
+               rec("stopped", [10, 12])]          # an early-stopped trial's bracket is not a capacity
+    loop = SimpleNamespace(spec=spec, fixed_flags=[], record=SimpleNamespace(id=1),
+                           store=SimpleNamespace(trials=lambda _id: records))
+    assert capacity_hint(loop, ["--max-num-seqs", "256"]) == (39, 40.5)
+    assert capacity_hint(loop, ["--max-num-seqs", "19"]) == (19, None)
+    assert capacity_hint(SimpleNamespace(**{**vars(loop), "store": SimpleNamespace(trials=lambda _id: [])})) is None
+    probe = build_spec({"name": "h", "model": "m", "engine": {"kind": "vllm", "command": ["vllm"]},
+                        "load": {"search_start": "probe"}}, "test")
+    assert capacity_hint(SimpleNamespace(**{**vars(loop), "spec": probe})) is None

@@ -9,10 +9,11 @@ a duplicate) cost no GPU time and are counted apart. Startup is autotune's launc
 the rest of the trial (capacity search, telemetry, stopping the server).
 
     python3 benchmarks/gpu/pace/rate.py benchmarks/gpu/h200-llama8b.db benchmarks/gpu/pace/pace.db:63
+    python3 benchmarks/gpu/pace/rate.py benchmarks/gpu/h200-llama8b.db benchmarks/gpu/pace2/pace2.db
 
 `DB:S` adds S seconds of GPU time held outside any trial (the after run's twin ranked its warm-start
 candidates for 63 s before the first launch, device/pace-c1.log: the GPU was held and idle).
-(the committed DBs are gzipped beside this file: `gunzip -k benchmarks/gpu/pace/*.db.gz` first)
+(the committed DBs are gzipped: `gunzip -k benchmarks/gpu/pace*/*.db.gz` first)
 """
 
 from __future__ import annotations

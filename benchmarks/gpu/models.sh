@@ -18,3 +18,7 @@ wait_models() {   # until the models are written; fails at once if the writer di
   cat /tmp/models/make.log
   [ -f /tmp/models/.ready ] || { echo "models not ready"; exit 1; }
 }
+
+left() {   # seconds this device call has left (T0: its start, LIMIT: its limit)
+  echo $(( LIMIT - ($(date +%s) - T0) ))
+}

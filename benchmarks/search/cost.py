@@ -43,7 +43,8 @@ class CostModel:
         if trial.startup_failed:
             return self.failed_start_s
         steps = trial.full_steps + trial.aborted_steps
-        load = (self.probe_s if steps else 0.0) + self.full_step_s * max(trial.full_steps - 1, 0) \
+        probe = bool(steps) and getattr(trial, "probed", True)      # a hinted search may have no probe
+        load = (self.probe_s if probe else 0.0) + self.full_step_s * max(trial.full_steps - (1 if probe else 0), 0) \
             + self.aborted_step_s * trial.aborted_steps
         return (self.startup_first_s if first else self.startup_s) + load + self.overhead_s + trial.load_s_extra
 

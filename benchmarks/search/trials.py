@@ -43,6 +43,8 @@ class Trial:
     launched: bool = False
     startup_failed: bool = False
     load_s_extra: float = 0.0       # load time outside the capacity-search model (auto_tune.sh's crawl)
+    probed: bool = True             # the search began with the one-stream probe (cost.py charges it apart)
+    bracket: tuple[float | None, float | None] = (None, None)   # highest met, lowest broken load
 
 
 class Landscape:
@@ -125,8 +127,11 @@ class Landscape:
         tps = a["tps"] + f * (b["tps"] - a["tps"]) if i < len(cs) else b["tps"]
         return tps, a["ttft99"] + f * (b["ttft99"] - a["ttft99"]), a["tpot50"] + f * (b["tpot50"] - a["tpot50"]), oom
 
-    def run(self, params: Mapping[str, Any], rng: random.Random, should_stop: Any = None) -> Trial:
-        """One trial of `params` (the candidate's searched values; baseline defaults fill the rest)."""
+    def run(self, params: Mapping[str, Any], rng: random.Random, should_stop: Any = None,
+            hint: tuple[float, float | None] | None = None) -> Trial:
+        """One trial of `params` (the candidate's searched values; baseline defaults fill the rest).
+        `hint`: the study's median bracket so far; the search starts there as `find_capacity` does (no
+        probe; capped at the candidate's max-num-seqs; the probe after a first step that breaks)."""
         params = dict(params)
         bad = self.space.violations(params, list(self.scenario.fixed_flags), self.scenario.num_gpus)
         if bad:
@@ -142,10 +147,14 @@ class Landscape:
                 f"memory utilization ({g:g}, {g * total:.2f} GiB). Decrease GPU memory utilization or reduce "
                 f"GPU memory used by other processes."))
         trial = Trial(params, "ok", launched=True, true_tps=self.true_tps(params))
-        search = _Search(True, 1024.0, 0.03)
+        seqs = params.get("max_num_seqs")
+        if hint is not None and isinstance(seqs, int) and 1 < seqs < hint[0]:
+            hint = (float(seqs), None)
+        search = _Search(True, 1024.0, 0.03, hinted=hint is not None, expect_broken=hint[1] if hint else None)
         views: list[StepView] = []
         measured: dict[float, tuple[float, float]] = {}
-        load: float | None = 1.0
+        load: float | None = float(int(hint[0])) if hint is not None else 1.0
+        trial.probed = hint is None
         while load is not None and len(views) < MAX_STEPS:
             tps, ttft, tpot, oom = self.at_load(p["curve"], load)
             if oom:
@@ -164,10 +173,13 @@ class Landscape:
             else:
                 trial.full_steps += 1
             load = search.next_load(final=len(views) == MAX_STEPS - 1) if len(views) < MAX_STEPS else None
+            if hint is not None and len(views) == 1 and not met:
+                load, trial.probed = 1.0, True          # the hint was above this candidate: probe
             if load is not None and should_stop is not None and should_stop(views):   # as find_capacity asks
                 trial.state, trial.cause = "stopped", causes.EARLY_STOPPED
                 return trial
-        lo, _ = search.bracket()
+        lo, hi = search.bracket()
+        trial.bracket = (lo[0] if lo else None, hi[0] if hi else None)
         if lo is None:
             trial.values = {"capacity_tps": 0.0, "p50_tpot_ms": measured[1.0][1]}
         else:

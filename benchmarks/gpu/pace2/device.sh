@@ -13,13 +13,9 @@ LIMIT=${LIMIT:-590}          # the device call's limit; everything here must end
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 P=/tmp/pace2/pace2.db        # the study (its compile cache: /tmp/pace2/h200-llama8b-pace2-cache)
 
-source benchmarks/gpu/models.sh
+source benchmarks/gpu/models.sh     # write_models, wait_models, left
 
-left() { echo $(( LIMIT - ($(date +%s) - T0) )); }
-
-models() {
-  write_models "python3 /tmp/msrc/make_model.py /tmp/models/llama8b"
-}
+models() { write_models "python3 /tmp/msrc/make_model.py /tmp/models/llama8b"; }
 
 go() {   # go TAG
   local tag=$1

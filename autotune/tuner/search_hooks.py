@@ -205,13 +205,14 @@ def stopper(loop: Any) -> Any:
 def capacity_hint(loop: Any, flags: list[str] | None = None) -> tuple[float, float | None] | None:
     """Where the next trial's capacity search starts (bench/capacity.py `hint`): the median highest met
     and lowest broken load of the study's measured trials, or None (the probe at one stream) before the
-    first or with `load.search_start: probe`. A median, not the incumbent's: a candidate below the hint
-    costs one extra step (the probe), and most candidates sit near the middle. A concurrency search on a
+    first, with `load.search_start: probe`, or for a trace's speed-up (its probe sets the search's cap).
+    A median, not the incumbent's: a candidate below the hint costs one extra step (the probe), and most
+    candidates sit near the middle. A concurrency search on a
     candidate whose `--max-num-seqs` (in `flags`) is below the median starts at that cap instead: more
     streams than it batches queue for a slot, and on the H200 every such start broke the SLO and fell
     back to the probe (7 steps instead of 4)."""
     load = loop.spec.load
-    if load.mode != "capacity" or load.search_start != "study":
+    if load.mode != "capacity" or load.search_start != "study" or load.search == "time_scale":
         return None
     met, broken = [], []
     for rec in loop.store.trials(loop.record.id):

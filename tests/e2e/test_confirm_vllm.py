@@ -45,11 +45,14 @@ def test_run_confirms_the_baseline_on_fresh_vllm_servers(tmp_path: Path, demo_mo
     with sqlite3.connect(tmp_path / "c.db") as conn:
         rows = conn.execute("select round, seed, state, objectives, log_path, capacity from autotune_confirmations "
                             "order by round").fetchall()
+        (first_run,), = conn.execute("select capacity from autotune_trials").fetchall()
     assert [r[0] for r in rows] == [0, 1, 2] and len({r[1] for r in rows}) == 3
+    met = json.loads(first_run)["bracket"][0]
     for _, _, state, objectives, log_path, capacity in rows:
         assert state == "ok" and json.loads(objectives)["capacity_tps"] > 0
         assert Path(log_path).name.startswith("confirm-0000-r") and Path(log_path).is_file()
-        assert json.loads(capacity)["steps"][0]["load"] == 1.0        # numeric loads in the stored steps
+        # each repeat starts at the first run's highest met load; the stored loads are numbers
+        assert json.loads(capacity)["steps"][0]["load"] == float(int(met))
     show = json.loads(subprocess.run([sys.executable, "-m", "autotune", "show", "--storage", spec["storage"], "--json"],
                                      capture_output=True, text=True, timeout=60, env=ENV).stdout)
     assert show["confirmations"]["0"]["repeats"] == 3

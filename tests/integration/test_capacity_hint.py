@@ -119,3 +119,6 @@ def test_the_hint_is_the_median_bracket_and_a_lower_max_num_seqs_caps_it() -> No
     probe = build_spec({"name": "h", "model": "m", "engine": {"kind": "vllm", "command": ["vllm"]},
                         "load": {"search_start": "probe"}}, "test")
     assert capacity_hint(SimpleNamespace(**{**vars(loop), "spec": probe})) is None
+    trace = build_spec({"name": "h", "model": "m", "engine": {"kind": "vllm", "command": ["vllm"]},
+                        "workload": {"kind": "trace", "path": __file__}, "load": {"search": "time_scale"}}, "test")
+    assert capacity_hint(SimpleNamespace(**{**vars(loop), "spec": trace})) is None   # a replay keeps its probe

@@ -26,8 +26,9 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import statistics
 import time
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Iterable, Protocol, Sequence
 
 import aiohttp
 
@@ -371,6 +372,22 @@ def step_requests(load: float, probe: bool, integer: bool, requests_per_step: in
     if min_step_s:
         return max(requests_per_step, math.ceil(load * min_step_s)), 0
     return requests_per_step, 0
+
+
+def study_hint(brackets: Iterable[Sequence[float | None]], max_streams: int | None = None
+               ) -> tuple[float, float | None] | None:
+    """The `hint` for a study's next search: the median highest met and median lowest broken load of
+    the brackets measured so far (None before the first). `max_streams`, a concurrency search's
+    candidate's max-num-seqs, caps it: more streams than it batches queue for a slot."""
+    measured = [b for b in brackets if b and b[0] is not None]
+    if not measured:
+        return None
+    lo = statistics.median(float(b[0]) for b in measured)
+    broken = [float(b[1]) for b in measured if b[1] is not None]
+    if max_streams is not None and 1 < max_streams < lo:
+        return float(max_streams), None
+    hi = statistics.median(broken) if broken else None
+    return lo, hi if hi is not None and hi > lo else None
 
 
 def is_wide(bracket: tuple[tuple[float, float] | None, tuple[float, float] | None], integer: bool,

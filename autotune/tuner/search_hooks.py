@@ -13,7 +13,6 @@ each function from one place, with itself as `loop`.
 
 from __future__ import annotations
 
-import statistics
 import threading
 import time
 from typing import Any
@@ -21,6 +20,7 @@ from typing import Any
 from optuna.trial import TrialState
 
 from autotune import causes
+from autotune.bench.capacity import study_hint
 from autotune.flags import flags_to_mapping
 from autotune.store.models import utcnow
 from autotune.tuner.host import catalog_gpu_name, nvml_gpus
@@ -214,22 +214,10 @@ def capacity_hint(loop: Any, flags: list[str] | None = None) -> tuple[float, flo
     load = loop.spec.load
     if load.mode != "capacity" or load.search_start != "study" or load.search == "time_scale":
         return None
-    met, broken = [], []
-    for rec in loop.store.trials(loop.record.id):
-        bracket = (rec.capacity or {}).get("bracket") if rec.state == "ok" else None
-        if not bracket or bracket[0] is None:
-            continue
-        met.append(float(bracket[0]))
-        if bracket[1] is not None:
-            broken.append(float(bracket[1]))
-    if not met:
-        return None
-    lo = statistics.median(met)
-    hi = statistics.median(broken) if broken else None
+    brackets = [(rec.capacity or {}).get("bracket") for rec in loop.store.trials(loop.record.id) if rec.state == "ok"]
     seqs = flags_to_mapping([*loop.fixed_flags, *(flags or [])]).get("max_num_seqs")
-    if load.search == "concurrency" and seqs is not None and str(seqs).isdigit() and 1 < int(seqs) < lo:
-        return float(seqs), None
-    return lo, hi if hi is not None and hi > lo else None
+    cap = int(seqs) if load.search == "concurrency" and seqs is not None and str(seqs).isdigit() else None
+    return study_hint([b for b in brackets if b], cap)
 
 
 def after_tell(loop: Any, number: int, params: dict[str, Any], flags: list[str], outcome: Any,

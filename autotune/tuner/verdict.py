@@ -139,11 +139,8 @@ def quality_changing(study: StudyRecord, trial: TrialRecord, baseline: TrialReco
 
 def bracket_low(trial: TrialRecord) -> float | None:
     """The lower end of the first run's capacity bracket (the highest load it met)."""
-    cap = trial.capacity or {}
-    br = cap.get("bracket")
-    if br and br[0] is not None:
-        return float(br[0])
-    return cap.get("capacity")
+    first = first_bracket(trial)
+    return first[0] if first is not None else (trial.capacity or {}).get("capacity")
 
 
 def first_bracket(trial: TrialRecord) -> tuple[float, float | None] | None:

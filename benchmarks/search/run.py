@@ -39,6 +39,7 @@ import optuna
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from autotune.bench.capacity import study_hint  # noqa: E402
 from autotune.spec import build_spec  # noqa: E402
 from autotune.tuner.objectives import failure_constraints, placeholder_values  # noqa: E402
 from autotune.tuner.policy import DUPLICATE, SearchPolicy, duplicate_told  # noqa: E402
@@ -105,15 +106,10 @@ def _tell(study: optuna.Study, trial: optuna.Trial, t: Trial, slo: Any) -> None:
     study.tell(trial, values)
 
 
-def study_hint(run: Run) -> tuple[float, float | None] | None:
-    """As tuner/search_hooks.capacity_hint: the median highest met and lowest broken load so far."""
-    done = [t.bracket for t in run.launched if t.state == "ok" and t.bracket[0] is not None]
-    if not done:
-        return None
-    lo = statistics.median(b[0] for b in done)
-    broken = [b[1] for b in done if b[1] is not None]
-    hi = statistics.median(broken) if broken else None
-    return lo, hi if hi is not None and hi > lo else None
+def hint_for(run: Run, params: dict[str, Any]) -> tuple[float, float | None] | None:
+    """As the study loop's hint (tuner/search_hooks.capacity_hint), from this run's measured trials."""
+    seqs = params.get("max_num_seqs")
+    return study_hint([x.bracket for x in run.launched if x.state == "ok"], seqs if isinstance(seqs, int) else None)
 
 
 def optuna_method(land: Landscape, cost: CostModel, seed: int, max_trials: int, sampler: str,
@@ -161,11 +157,11 @@ def optuna_method(land: Landscape, cost: CostModel, seed: int, max_trials: int, 
                      if x.user_attrs.get("measured") and all(v <= 0 for v in x.constraints.values())]
             stopper = policy.stopper(OBJECTIVES, DIRECTIONS, front)
             t = land.run(params, run.rng, stopper.should_stop if stopper else None,
-                         hint=study_hint(run) if hinted else None)
+                         hint=hint_for(run, params) if hinted else None)
             if t.state == "stopped" and stopper is not None and stopper.bound is not None:
                 t.values = dict(stopper.bound)
         else:
-            t = land.run(params, run.rng, hint=study_hint(run) if hinted else None)
+            t = land.run(params, run.rng, hint=hint_for(run, params) if hinted else None)
         _tell(study, trial, t, land.slo)
         run.record(t)
         if policy is not None:

@@ -130,8 +130,8 @@ class Landscape:
     def run(self, params: Mapping[str, Any], rng: random.Random, should_stop: Any = None,
             hint: tuple[float, float | None] | None = None) -> Trial:
         """One trial of `params` (the candidate's searched values; baseline defaults fill the rest).
-        `hint`: the study's median bracket so far; the search starts there as `find_capacity` does (no
-        probe; capped at the candidate's max-num-seqs; the probe after a first step that breaks)."""
+        `hint`: `study_hint` of the study so far; the search starts there as `find_capacity` does (no
+        probe; the probe after a first step that breaks)."""
         params = dict(params)
         bad = self.space.violations(params, list(self.scenario.fixed_flags), self.scenario.num_gpus)
         if bad:
@@ -147,9 +147,6 @@ class Landscape:
                 f"memory utilization ({g:g}, {g * total:.2f} GiB). Decrease GPU memory utilization or reduce "
                 f"GPU memory used by other processes."))
         trial = Trial(params, "ok", launched=True, true_tps=self.true_tps(params))
-        seqs = params.get("max_num_seqs")
-        if hint is not None and isinstance(seqs, int) and 1 < seqs < hint[0]:
-            hint = (float(seqs), None)
         search = _Search(True, 1024.0, 0.03, hinted=hint is not None, expect_broken=hint[1] if hint else None)
         views: list[StepView] = []
         measured: dict[float, tuple[float, float]] = {}

@@ -14,6 +14,7 @@ measured like any other trial, and its prediction is kept beside the measurement
 from __future__ import annotations
 
 import bisect
+import math
 import random
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
@@ -22,6 +23,10 @@ from autotune.space import SearchSpace
 from autotune.tuner.dedupe import draw, flags_key
 
 Predictor = Callable[[Mapping[str, Any]], "dict[str, float] | None"]   # params -> predicted objectives
+# Predictions this close are one value to the twin (its measured errors are 20-40 %, and several knobs
+# change nothing in it, e.g. a max-num-seqs above the concurrency its SLO allows): the picks are spread
+# over such a tie instead of being three near-copies of one configuration.
+TIE = 0.02
 
 
 @dataclass
@@ -49,7 +54,8 @@ def warm_start_picks(space: SearchSpace, fixed_flags: Sequence[str], num_gpus: i
                      objective: str, maximize: bool, n: int = 200, k: int = 3,
                      seed: int = 0) -> tuple[list[Pick], Ranking]:
     """Rank `n` distinct random candidates (inside the known constraints) by the twin's `objective`
-    and return the best `k` with distinct flags. Candidates the twin says cannot start are dropped."""
+    and return `k` picks with distinct flags: the best, spread over the candidates that tie with it
+    (`_spread`). Candidates the twin says cannot start are dropped."""
     rng = random.Random(seed)
     order = space._ordered()
     scored: list[tuple[float, dict[str, Any], dict[str, float]]] = []
@@ -68,7 +74,43 @@ def warm_start_picks(space: SearchSpace, fixed_flags: Sequence[str], num_gpus: i
         scored.append((float(pred[objective]), cand, pred))
     scored.sort(key=lambda s: -s[0] if maximize else s[0])
     ranking = Ranking(objective, maximize, [s[0] for s in scored])
-    return [Pick(c, i + 1, p) for i, (_, c, p) in enumerate(scored[:k])], ranking
+    return [Pick(scored[i][1], i + 1, scored[i][2]) for i in _spread(space, scored, k, maximize)], ranking
+
+
+def _spread(space: SearchSpace, scored: Sequence[tuple[float, dict[str, Any], Any]], k: int,
+            maximize: bool) -> list[int]:
+    """Indices (into `scored`, best first) of the picks: the best; then, while candidates tie with it
+    (within TIE), the tied one farthest from the picks so far (ties of distance to the better
+    prediction); then the best of the rest, in order."""
+    if not scored:
+        return []
+    top = scored[0][0]
+    tied = [i for i, s in enumerate(scored) if (s[0] >= top - abs(top) * TIE if maximize else s[0] <= top + abs(top) * TIE)]
+    picks = [0]
+    while len(picks) < k:
+        left = [i for i in tied if i not in picks]
+        if not left:
+            break
+        picks.append(max(left, key=lambda i: (min(_distance(space, scored[i][1], scored[j][1]) for j in picks), -i)))
+    picks += [i for i in range(len(scored)) if i not in picks][: k - len(picks)]
+    return picks
+
+
+def _distance(space: SearchSpace, a: Mapping[str, Any], b: Mapping[str, Any]) -> float:
+    """How far apart two candidates are: per parameter, the share of its range between them (on the log
+    scale where the range is searched on it), or 1 for a different choice."""
+    d = 0.0
+    for name, spec in space.params.items():
+        x, y = a.get(name), b.get(name)
+        if x == y:
+            continue
+        numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (x, y))
+        if numeric and spec.low is not None and spec.high is not None and spec.high > spec.low:
+            f = math.log if spec.log else float
+            d += abs(f(x) - f(y)) / (f(spec.high) - f(spec.low))
+        else:
+            d += 1.0
+    return d
 
 
 def twin_predictor(model: str, gpu: str | None, num_gpus: int, fixed_flags: Sequence[str], space: SearchSpace,

@@ -374,7 +374,7 @@ def step_requests(load: float, probe: bool, integer: bool, requests_per_step: in
     return requests_per_step, 0
 
 
-def study_hint(brackets: Iterable[Sequence[float | None]], max_streams: int | None = None
+def study_hint(brackets: Iterable[Sequence[float | None] | None], max_streams: int | None = None
                ) -> tuple[float, float | None] | None:
     """The `hint` for a study's next search: the median highest met and median lowest broken load of
     the brackets measured so far (None before the first). `max_streams`, a concurrency search's

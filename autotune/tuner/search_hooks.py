@@ -217,7 +217,7 @@ def capacity_hint(loop: Any, flags: list[str] | None = None) -> tuple[float, flo
     brackets = [(rec.capacity or {}).get("bracket") for rec in loop.store.trials(loop.record.id) if rec.state == "ok"]
     seqs = flags_to_mapping([*loop.fixed_flags, *(flags or [])]).get("max_num_seqs")
     cap = int(seqs) if load.search == "concurrency" and seqs is not None and str(seqs).isdigit() else None
-    return study_hint([b for b in brackets if b], cap)
+    return study_hint(brackets, cap)
 
 
 def after_tell(loop: Any, number: int, params: dict[str, Any], flags: list[str], outcome: Any,

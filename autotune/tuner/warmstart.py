@@ -80,20 +80,18 @@ def warm_start_picks(space: SearchSpace, fixed_flags: Sequence[str], num_gpus: i
 def _spread(space: SearchSpace, scored: Sequence[tuple[float, dict[str, Any], Any]], k: int,
             maximize: bool) -> list[int]:
     """Indices (into `scored`, best first) of the picks: the best; then, while candidates tie with it
-    (within TIE), the tied one farthest from the picks so far (ties of distance to the better
-    prediction); then the best of the rest, in order."""
+    (within TIE: a prefix of `scored`), the tied one farthest from the picks so far (ties of distance to
+    the better prediction); then the best of the rest, in order."""
     if not scored:
         return []
     top = scored[0][0]
-    tied = [i for i, s in enumerate(scored) if (s[0] >= top - abs(top) * TIE if maximize else s[0] <= top + abs(top) * TIE)]
+    bound = top - abs(top) * TIE if maximize else top + abs(top) * TIE
+    tied = sum(1 for v, _, _ in scored if (v >= bound if maximize else v <= bound))
     picks = [0]
-    while len(picks) < k:
-        left = [i for i in tied if i not in picks]
-        if not left:
-            break
+    for _ in range(min(k, tied) - 1):
+        left = [i for i in range(tied) if i not in picks]
         picks.append(max(left, key=lambda i: (min(_distance(space, scored[i][1], scored[j][1]) for j in picks), -i)))
-    picks += [i for i in range(len(scored)) if i not in picks][: k - len(picks)]
-    return picks
+    return picks + [i for i in range(tied, len(scored))][: k - len(picks)]
 
 
 def _distance(space: SearchSpace, a: Mapping[str, Any], b: Mapping[str, Any]) -> float:

@@ -226,6 +226,10 @@ def autotune_sh_method(land: Landscape, cost: CostModel, seed: int, max_trials: 
     return run
 
 
+TOP_BAND = 0.005
+REFERENCE = "reference: each config within 0.5 % of the best once"
+
+
 def top_reference(land: Landscape, cost: CostModel, seed: int, max_trials: int) -> Run:
     """A REFERENCE, not a method (it reads the landscape): after the baseline, every grid point within
     TOP_BAND of the best, once each in a seeded order. What its export misses is what 5 % noise alone
@@ -238,9 +242,6 @@ def top_reference(land: Landscape, cost: CostModel, seed: int, max_trials: int) 
         run.record(land.run(params, run.rng))
     return run
 
-
-TOP_BAND = 0.005
-REFERENCE = "reference: each config within 0.5 % of the best once"
 
 METHODS: dict[str, Callable[[Landscape, CostModel, int, int], Run]] = {
     "tpe-today": lambda l, c, s, n: optuna_method(l, c, s, n, "tpe", False),

@@ -127,17 +127,20 @@ class TrialRunner:
         gpus = list(lease.gpus) if lease is not None else list(self.spec.gpus)
         env = dict(self.spec.engine.env)
         cores: tuple[int, ...] = ()
+        client_cores: tuple[int, ...] = ()
         if lease is not None:
-            cores = lease.cores
+            cores = client_cores = lease.cores
             # vLLM's internal ports (torch.distributed, data-parallel RPC) start at VLLM_PORT: inside the block
             env.setdefault("VLLM_PORT", str(lease.port_base + 1))
             env.setdefault("VLLM_DP_MASTER_PORT", str(lease.port_base + 4))
-            if self.spec.engine.kind == "vllm" and not gpus and cores and set(cores) < _affinity():
-                # the CPU build binds its OpenMP threads itself: to this lease's share, when it is one
-                env.setdefault("VLLM_CPU_OMP_THREADS_BIND", format_cpulist(cores))
+            if self.spec.engine.kind == "vllm" and not gpus and cores:
+                cores, client_cores = cpu_build_split(cores)
+                if set(cores) < _affinity():
+                    # the CPU build binds its OpenMP threads itself: to the server's share, when it is one
+                    env.setdefault("VLLM_CPU_OMP_THREADS_BIND", format_cpulist(cores))
         launch = _Launch(all_flags, log_path, gpus, env, cores, self.spec.seed if seed is None else seed, stopper,
                          claim, hint, before_load)
-        pinned = _pin_thread(cores)
+        pinned = _pin_thread(client_cores)
         try:
             for attempt in range(1, PORT_ATTEMPTS + 1):
                 # the lease's own port first; a retry takes any free one (the lease's was taken from outside)
@@ -336,6 +339,17 @@ class TrialRunner:
         out.update(telemetry_objectives(summary, output_tokens=steps_tokens, duration_s=elapsed,
                                         num_gpus=num_gpus, output_tps=out.get("capacity_tps", out.get("output_tps", 0.0))))
         return out
+
+
+def cpu_build_split(cores: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(server cores, load-client cores) of a CPU-build lease. The CPU build's OpenMP threads spin on every
+    core they are given, so a client sharing those cores is starved: its timestamps come late, it flags
+    itself `client_saturated`, and the trial is never exported unconfirmed. With two cores or more the
+    client gets the last one to itself; with one, both share it (and the client says so when it lags)."""
+    cores = tuple(cores)
+    if len(cores) < 2:
+        return cores, cores
+    return cores[:-1], cores[-1:]
 
 
 def _affinity() -> set[int]:

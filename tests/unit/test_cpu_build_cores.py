@@ -1,0 +1,90 @@
+"""On vLLM's CPU build the server's OpenMP threads spin on every core they get: a load client sharing those
+cores is starved and flags itself `client_saturated`. A CPU-build lease of two cores or more therefore
+gives the server all but the last core (bound there through VLLM_CPU_OMP_THREADS_BIND too) and the load
+client the last one; a GPU lease keeps one shared set, as before."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import pytest
+
+import autotune.tuner.trial as trial_module
+from autotune.daemon.pool import Lease
+from autotune.engine.base import Engine, EngineFailure, LaunchRequest, Server, StartupInfo
+from autotune.spec import build_spec
+from autotune.store.repository import ResultStore
+from autotune.telemetry import get_source
+from autotune.tuner.trial import TrialRunner, cpu_build_split
+
+
+def test_split_keeps_the_last_core_for_the_client() -> None:
+    assert cpu_build_split((0, 1)) == ((0,), (1,))
+    assert cpu_build_split((4, 5, 6, 7)) == ((4, 5, 6), (7,))
+    assert cpu_build_split((3,)) == ((3,), (3,))          # one core: nothing to split
+    assert cpu_build_split(()) == ((), ())
+
+
+class _NeverReady(Server):
+    def __init__(self, request: LaunchRequest) -> None:
+        self.pid, self.url, self.log_path = 999_999, f"http://127.0.0.1:{request.port}", request.log_path
+
+    def wait_ready(self) -> StartupInfo:
+        raise EngineFailure("crash", "stand-in server: exits at once")
+
+    def alive(self) -> bool:
+        return False
+
+    def failure(self) -> EngineFailure | None:
+        return None
+
+    def stop(self, grace_s: float = 15.0) -> None:
+        pass
+
+    def log_tail(self, lines: int = 40) -> str:
+        return ""
+
+
+class _Recorder(Engine):
+    name = "vllm"
+
+    def __init__(self) -> None:
+        self.requests: list[LaunchRequest] = []
+
+    def launch(self, request: LaunchRequest) -> Server:
+        self.requests.append(request)
+        return _NeverReady(request)
+
+    def unknown_flags(self, flags: Sequence[str]) -> list[str]:
+        return []
+
+    def version(self) -> str | None:
+        return None
+
+    def release_wait(self, port: int, gpus: Sequence[int], timeout_s: float = 60.0) -> None:
+        pass
+
+
+@pytest.mark.parametrize("gpus, server, client, bind", [
+    ((), (0,), (1,), "0"),              # the CPU build: server on core 0, client on core 1
+    ((0,), (0, 1), (0, 1), None),       # a GPU lease: server and client share its cores
+])
+def test_the_runner_launches_and_pins_by_that_split(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gpus, server,
+                                                    client, bind) -> None:
+    if not set(server) | set(client) <= set(trial_module._affinity()):
+        pytest.skip("needs cores 0 and 1 in this process's affinity")
+    spec = build_spec({"name": "cores", "model": str(tmp_path), "engine": {"kind": "vllm", "command": ["vllm"]},
+                       "storage": f"sqlite:///{tmp_path}/c.db", "telemetry": {"source": "cpu"}}, "test")
+    engine = _Recorder()
+    pinned: list[tuple[int, ...]] = []
+    real_pin = trial_module._pin_thread
+    monkeypatch.setattr(trial_module, "_pin_thread", lambda cores: (pinned.append(tuple(cores)), real_pin(()))[1])
+    runner = TrialRunner(spec, engine, get_source("cpu"), ResultStore(spec.storage_url), tmp_path, [], None)
+    lease = Lease(host="h", gpus=tuple(gpus), slots=(0,), cores=(0, 1), port_base=trial_module.find_free_port())
+    outcome = runner.run(0, [], [], lambda text: None, lease=lease)
+    assert outcome.state == "failed" and outcome.cause == "crash"
+    [request] = engine.requests
+    assert tuple(request.cores) == server
+    assert request.env.get("VLLM_CPU_OMP_THREADS_BIND") == bind
+    assert pinned[0] == client

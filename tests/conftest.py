@@ -23,6 +23,20 @@ LIGHT_FLAGS = ["--dtype", "bfloat16", "--max-model-len", "1024", "--gpu-memory-u
                "--max-num-seqs", "16", "--enforce-eager"]
 
 
+# What a test needs, read off the fixtures it asks for, so that a marker cannot be forgotten: `make
+# test-fast` deselects these (tests under tests/e2e/ are `e2e` by their folder).
+_NEEDS = {"vllm_server": "vllm", "postgres_server": "postgres", "postgres_url": "postgres"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        for fixture, marker in _NEEDS.items():
+            if fixture in getattr(item, "fixturenames", ()):
+                item.add_marker(marker)
+        if "tests/e2e/" in item.nodeid or item.nodeid.startswith("e2e/"):
+            item.add_marker("e2e")
+
+
 def vllm_cmd() -> list[str]:
     """How the CPU build is started here (its `vllm` console script is broken)."""
     return [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]

@@ -43,6 +43,7 @@ def sim_study(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, str
     return tmp / "rep.db", report, f"sqlite:///{tmp}/rep.db"
 
 
+@pytest.mark.browser
 def test_report_renders_offline_in_chromium_without_console_errors(sim_study, tmp_path):
     if find_chromium() is None:
         pytest.skip("Chromium is not installed (Debian: `make chromium` as root, or apt-get install chromium)")

@@ -22,6 +22,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from autotune.errors import UserError
+from autotune.spec import RANDOM_WEIGHTS_MARKER
 
 DEFAULT_SHAPE: dict[str, int] = {
     "hidden": 128,
@@ -226,6 +227,10 @@ def _resolve_shape(shape: dict[str, int] | None, tokenizer_size: int) -> dict[st
     return merged
 
 
+RANDOM_WEIGHTS_NOTE = ("random weights: output text is noise, so speculative decoding's acceptance rate here "
+                       "says nothing about real text (autotune labels such figures)\n")
+
+
 def write_demo_model(dir: str | Path, shape: dict[str, int] | None = None) -> Path:
     """Write (or complete) the demo model in `dir`; return its path. Deterministic for a given shape.
 
@@ -256,4 +261,6 @@ def write_demo_model(dir: str | Path, shape: dict[str, int] | None = None) -> Pa
         _atomic_write(out / "generation_config.json", _json(gen))
     if not any((out / name).is_file() for name in _WEIGHT_FILES):
         _write_weights(out, full)
+    if not (out / RANDOM_WEIGHTS_MARKER).is_file():   # what a speculative-decoding figure is labelled by
+        _atomic_write(out / RANDOM_WEIGHTS_MARKER, RANDOM_WEIGHTS_NOTE)
     return out

@@ -54,3 +54,9 @@ def flags_to_mapping(flags: Sequence[str]) -> dict[str, Any]:
 def flag_names(flags: Sequence[str]) -> list[str]:
     """The `--long-option` names in a flag list (values dropped), for checking against `--help`."""
     return [f.split("=", 1)[0] for f in flags if f.startswith("--")]
+
+
+def with_env(flags: Sequence[str], env: Mapping[str, str] | None) -> list[str]:
+    """A launch's identity for deduplication: its flags and, as `--env:NAME=value` items, the environment
+    its env knobs set (two candidates that differ only there are different candidates)."""
+    return [*flags, *(f"--env:{k}={v}" for k, v in sorted((env or {}).items()))]

@@ -43,6 +43,11 @@ _SHAPES = (
 )
 
 
+def looks_secret(name: str) -> bool:
+    """Whether an environment variable's name says it holds a secret."""
+    return bool(_SECRET_NAME.search(name))
+
+
 def secret_env_values(env: Mapping[str, str]) -> set[str]:
     """The values of variables whose name says they hold a secret."""
     return {v for k, v in env.items() if _SECRET_NAME.search(k) and isinstance(v, str) and len(v) >= _MIN_SECRET_LEN}

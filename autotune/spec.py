@@ -127,6 +127,23 @@ class WarmStartSpec(_Strict):
     candidates: int = Field(200, ge=1, le=5000)
 
 
+class SpeculativeSpec(_Strict):
+    """`speculative: {enabled: true}`: the search space's speculative-decoding knob (`opt_in: speculative`)
+    is searched; `draft_model` adds the draft-model choices. It preserves the output distribution, but its
+    gain depends on how predictable the real text is: `random_weights` and `synthetic_prompts` (null:
+    found out when the study starts, from the model folder's RANDOM_WEIGHTS marker and the workload kind)
+    label every figure measured where that cannot show."""
+
+    enabled: bool = False
+    draft_model: str | None = None
+    random_weights: bool | None = None
+    synthetic_prompts: bool | None = None
+
+    def opt_in(self) -> dict[str, Any] | None:
+        """The settings the space's `{placeholders}` are filled from, or None when not opted in."""
+        return {"draft_model": self.draft_model} if self.enabled else None
+
+
 class BudgetSpec(_Strict):
     n_trials: int | None = Field(None, ge=1)
     timeout: str | float | None = None
@@ -162,6 +179,17 @@ class StudySpec(_Strict):
     exclusive: bool = False             # its trials run with nothing else on the node (the scheduler)
     warm_start: WarmStartSpec = Field(default_factory=WarmStartSpec)
     early_stop: bool = True             # end a trial's capacity search once the front dominates its bound
+    speculative: SpeculativeSpec = Field(default_factory=SpeculativeSpec)   # opt-in: speculative decoding
+
+    @field_validator("speculative", mode="before")
+    @classmethod
+    def _speculative(cls, v: Any) -> Any:
+        return {"enabled": bool(v)} if isinstance(v, bool) or v is None else v
+
+    def opt_ins(self) -> dict[str, dict[str, Any]]:
+        """The search space's opt-in groups this study asked for (space/params.py `opt_in`)."""
+        settings = self.speculative.opt_in()
+        return {"speculative": settings} if settings is not None else {}
 
     @field_validator("warm_start", mode="before")
     @classmethod
@@ -236,6 +264,7 @@ class StudySpec(_Strict):
         body["engine"].pop("env", None)  # environment may carry secrets and does not change the landscape
         body["engine"].pop("compile_cache", None)  # search policy and caches change the cost, not the landscape
         body["load"].pop("search_start", None)
+        _drop_default_speculative(body)
         return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
     def join_hash(self) -> str:
@@ -245,6 +274,7 @@ class StudySpec(_Strict):
                                        "confirm"})
         body["engine"].pop("env", None)
         body["load"].pop("search_start", None)   # a search policy: hosts may differ (and older studies lack it)
+        _drop_default_speculative(body)
         return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
     def public_dict(self) -> dict[str, Any]:
@@ -261,6 +291,44 @@ class StudySpec(_Strict):
         if body.get("storage"):
             body["storage"] = mask_url(body["storage"])
         return body
+
+
+def _drop_default_speculative(body: dict[str, Any]) -> None:
+    """A study that does not opt into speculative decoding hashes as it did before the key existed, so
+    studies created earlier still resume."""
+    if not (body.get("speculative") or {}).get("enabled"):
+        body.pop("speculative", None)
+
+
+RANDOM_WEIGHTS_MARKER = "RANDOM_WEIGHTS"   # written by autotune demo-model and benchmarks/gpu/make_model.py
+
+
+def resolve_provenance(spec: StudySpec) -> StudySpec:
+    """Fill the speculative section's `random_weights` and `synthetic_prompts` where the spec leaves them
+    to autotune: random weights when the model folder holds the RANDOM_WEIGHTS marker, synthetic prompts
+    for the random and prefix workloads and for a trace converted with --lengths-only."""
+    sp = spec.speculative
+    if not sp.enabled or (sp.random_weights is not None and sp.synthetic_prompts is not None):
+        return spec
+    random_weights = sp.random_weights
+    if random_weights is None:
+        random_weights = (Path(spec.model) / RANDOM_WEIGHTS_MARKER).is_file()
+    synthetic = sp.synthetic_prompts
+    if synthetic is None:
+        kind = spec.workload.get("kind")
+        synthetic = kind in ("random", "prefix") or (kind == "trace" and _lengths_only(spec.workload.get("path")))
+    return spec.model_copy(update={"speculative": sp.model_copy(update={"random_weights": random_weights,
+                                                                         "synthetic_prompts": synthetic})})
+
+
+def _lengths_only(path: Any) -> bool:
+    """Whether a trace file's header says its texts were replaced by synthetic text (convert --lengths-only)."""
+    try:
+        with open(str(path)) as f:
+            head = json.loads(f.readline() or "{}")
+    except (OSError, ValueError):
+        return False
+    return isinstance(head, dict) and bool((head.get("header") or head).get("lengths_only"))
 
 
 def parse_duration(v: str | float | int) -> float:
@@ -361,6 +429,7 @@ budget: {n_trials: 30, timeout: 8h}
 # the top candidates and the baseline measured again on fresh servers before the study ends (--no-confirm skips)
 confirm: {enabled: true, top_k: 2, repeats: 3}
 warm_start: {from: twin, k: 3}  # the simulator ranks candidates beside the baseline's start (catalog GPU, known model)
+speculative: {enabled: false}   # true: speculative decoding (n-gram; draft_model: PATH adds draft models) is searched
 early_stop: true              # end a trial's capacity search once the Pareto front dominates its bound
 # storage: sqlite:///studies/my-study.db   (default: sqlite:///studies/<name>.db)
 # baseline: {gpu_memory_utilization: 0.8}  (only when vLLM's defaults cannot start on this host)

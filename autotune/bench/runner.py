@@ -25,7 +25,7 @@ from autotune.bench.tokens import load_tokenizer
 from autotune.bench.workloads import Prompt, TraceWorkload, Workload
 from autotune.errors import UserError
 from autotune.slo import SLO
-from autotune.telemetry.metrics import VllmReading
+from autotune.telemetry.metrics import VllmReading, spec_decode_stats
 
 DEFAULT_NUM_REQUESTS = 200
 ABORT_POLL_S = 0.05   # how often in-flight requests are checked against TTFT/E2EL limits
@@ -118,10 +118,10 @@ async def run_load(base_url: str, model: str, workload: Workload, *, concurrency
 
 
 async def prefix_counters(client: StreamClient) -> VllmReading | None:
-    """The server's prefix-cache counters from /metrics, or None where it has none. Read around the
-    measured requests so a run can say how much of its prompt work the cache served: prompts replayed
-    into a warm cache (same seed twice, a reset that did not happen) make latencies look better than
-    the configuration is."""
+    """The server's prefix-cache (and speculative-decoding) counters from /metrics, or None where it has
+    none. Read around the measured requests so a run can say how much of its prompt work the cache
+    served: prompts replayed into a warm cache (same seed twice, a reset that did not happen) make
+    latencies look better than the configuration is; and how many draft tokens were accepted."""
     try:
         async with client.session.get(client.base_url + "/metrics", timeout=aiohttp.ClientTimeout(total=5)) as r:
             if r.status != 200:
@@ -129,7 +129,7 @@ async def prefix_counters(client: StreamClient) -> VllmReading | None:
             reading = VllmReading.from_text(await r.text())
     except (aiohttp.ClientError, OSError, asyncio.TimeoutError, UnicodeDecodeError):
         return None
-    return reading if reading.prefix_queries_total is not None else None
+    return reading if reading.prefix_queries_total is not None or reading.spec_draft_tokens_total is not None else None
 
 
 def prefix_hit_pct(before: VllmReading | None, after: VllmReading | None) -> float | None:
@@ -223,9 +223,11 @@ async def _measure(client: StreamClient, arrivals: Arrivals, prompts: Iterator[P
     steady = None if sim else steady_output_throughput([*first_wave, *records], t_count)   # sim: not wall times
     if steady is not None:
         metrics["steady_output_throughput"] = steady
-    hit_pct = prefix_hit_pct(before, await prefix_counters(client))
+    after = await prefix_counters(client)
+    hit_pct = prefix_hit_pct(before, after)
     if hit_pct is not None:
         metrics["prefix_cache_hit_pct"] = hit_pct
+    metrics.update(spec_decode_stats(before, after))   # speculative decoding's acceptance, when it ran
     return Measurement(metrics=metrics, records=records, client=health, first_wave=first_wave,
                        load={**desc, **load, "t0_monotonic": t0, "cancelled": cancelled if reason else 0,
                              "abort_reason": reason[0] if reason else None},

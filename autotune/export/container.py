@@ -14,8 +14,10 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 
 from autotune.errors import UserError
+from autotune.export.formats import knob_env
 from autotune.export.options import ExportContext
 from autotune.flags import flags_to_mapping
+from autotune.report.provenance import provenance_lines
 
 IMAGE_REPO = "vllm/vllm-openai"
 PORT = 8000
@@ -78,8 +80,9 @@ def server_args(ctx: ExportContext, mount: ModelMount) -> list[str]:
 def docker_argv(ctx: ExportContext) -> list[str]:
     mount = model_mount(ctx.study.model)
     volume = f"{mount.host}:{mount.container}" + (":ro" if mount.read_only else "")
+    env = [item for k, v in knob_env(ctx.trial).items() for item in ("-e", f"{k}={v}")]
     return ["docker", "run", "--rm", "--gpus", str(gpu_count(ctx)), "--ipc=host", "-p", f"{PORT}:{PORT}", "-v", volume,
-            image_for(ctx), *server_args(ctx, mount)]
+            *env, image_for(ctx), *server_args(ctx, mount)]
 
 
 def header(ctx: ExportContext, what: str) -> list[str]:
@@ -94,6 +97,10 @@ def header(ctx: ExportContext, what: str) -> list[str]:
     quality = [k for k in (ctx.study.quality_knobs or []) if k in (t.params or {})]
     if quality:
         lines.append(f"# WARNING: changes output quality: {', '.join(quality)} - validate accuracy before deploying")
+    lines += [f"# {line}" for line in provenance_lines(ctx.study, t)]
+    env = knob_env(t)
+    if env:
+        lines.append("# environment set by the trial's env knobs: " + " ".join(f"{k}={v}" for k, v in env.items()))
     return lines
 
 

@@ -6,7 +6,8 @@
     smoke.sh    health, models, one completion, then a short load at 80 % of the measured capacity
                 (SMOKE_LOAD overrides) that must meet the study's SLO
     settings.sh the defaults (every one overridable by an environment variable named after it,
-                MAX_NUM_SEQS=64, ENABLE_PREFIX_CACHING=0|1) and the checks every value passes
+                MAX_NUM_SEQS=64, ENABLE_PREFIX_CACHING=0|1; an env knob by its own variable,
+                VLLM_X=2) and the checks every value passes
     config.yaml the `vllm serve --config` file
     README.md   the measured numbers, the verdict, any quality warning
 """
@@ -21,7 +22,7 @@ from typing import Any
 
 from autotune.errors import UserError
 from autotune.export.container import header
-from autotune.export.formats import vllm_yaml
+from autotune.export.formats import knob_env, vllm_yaml
 from autotune.export.kit_scripts import DEBUG, DEPLOY, LIBRARY, SMOKE, STOP
 from autotune.export.options import ExportContext
 from autotune.flags import flags_to_mapping
@@ -64,6 +65,18 @@ def kit_flags(ctx: ExportContext) -> list[tuple[str, str, str, str]]:
     return out
 
 
+def kit_env_knobs(ctx: ExportContext) -> list[tuple[str, str, str]]:
+    """(variable, kind, default) for every environment variable the trial's env knobs set: overridden by
+    the same variable in the deployer's environment, checked like a flag's value."""
+    out = []
+    for name, value in knob_env(ctx.trial).items():
+        if name in RESERVED or not _ENV_NAME.fullmatch(name):
+            raise UserError(f"env knob {name} collides with a name the deploy kit uses itself")
+        kind = value_kind(value)
+        out.append((name, "int" if kind == "bool" else kind, value))
+    return out
+
+
 def _engine_command(ctx: ExportContext) -> list[str]:
     cmd = ctx.engine_cmd or list(ctx.study.engine_command or [])
     if not cmd:
@@ -95,6 +108,7 @@ def workload_text(ctx: ExportContext) -> str:
 
 def settings_sh(ctx: ExportContext) -> str:
     flags = kit_flags(ctx)
+    knobs = kit_env_knobs(ctx)
     cmd = _engine_command(ctx)
     env = {k: str(v) for k, v in (((ctx.study.spec or {}).get("engine") or {}).get("env") or {}).items()
            if _ENV_NAME.fullmatch(str(k))}
@@ -117,6 +131,10 @@ def settings_sh(ctx: ExportContext) -> str:
         "",
         "# the study's engine environment",
         _array("ENV_VARS", list(env)), _array("ENV_DEFAULTS", list(env.values())),
+        "",
+        "# environment variables the trial's env knobs set | kind | default (overridden like a flag)",
+        _array("KNOB_ENV_VARS", [k[0] for k in knobs]), _array("KNOB_ENV_KINDS", [k[1] for k in knobs]),
+        _array("KNOB_ENV_DEFAULTS", [k[2] for k in knobs]),
         "",
         "# smoke.sh",
         f"DEFAULT_SMOKE_SLO={q(ctx.study.slo)}", f"WORKLOAD={q(workload_text(ctx))}",
@@ -162,6 +180,7 @@ def readme(ctx: ExportContext) -> str:
             "MAX_NUM_SEQS=64 ./deploy.sh # any setting, from the environment (DRY_RUN=1 prints the command)",
             "```", "", "Settings (environment variable, vLLM flag, value the trial ran with):", "",
             *[f"- `{v}` -> `--{f}`: `{d}`" + (" (0 or 1)" if k == "bool" else "") for v, k, f, d in kit_flags(ctx)],
+            *[f"- `{v}` (environment, set by an env knob): `{d}`" for v, _, d in kit_env_knobs(ctx)],
             "- `MODEL`, `HOST` (0.0.0.0), `PORT` (8000), `RUN_DIR` (./run: PID and log), `STARTUP_TIMEOUT`, "
             "`STOP_TIMEOUT`, `SMOKE_LOAD`, `SMOKE_REQUESTS`, `SMOKE_WARMUP`, `SMOKE_SLO` (the study's), "
             "`PYTHON` (the interpreter with autotune, for smoke.sh)",

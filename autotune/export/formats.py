@@ -1,6 +1,8 @@
 """Deployable forms of one trial's config. The vLLM YAML is what `vllm serve --config FILE` reads: keys
 are flag names without `--`, and a boolean that was off is written `no-FLAG: true` so the file runs
-exactly what the trial ran, whatever vLLM's defaults become."""
+exactly what the trial ran, whatever vLLM's defaults become. Environment variables the trial's env knobs
+set are not flags: the YAML carries them as an `export` block in its comments (vLLM reads them from the
+environment, not from the file), the command as a prefix, the JSON as `env`."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import yaml
 
 from autotune.flags import flags_to_mapping
 from autotune.redact import REDACTED, SECRET_FLAGS
+from autotune.report.provenance import provenance_lines
 from autotune.store.models import StudyRecord, TrialRecord
 from autotune.tuner.verdict import flags_of
 
@@ -32,6 +35,20 @@ def _secret_note(study: StudyRecord, trial: TrialRecord) -> str:
         return ""
     return (f"# secrets are never stored: {', '.join(withheld)} left out; give them yourself "
             "(--api-key: the VLLM_API_KEY environment variable)\n")
+
+
+def knob_env(trial: TrialRecord) -> dict[str, str]:
+    """What the trial's env knobs set at launch (never the study's engine.env, which may hold secrets)."""
+    return {str(k): str(v) for k, v in (trial.env or {}).items()}
+
+
+def env_comment(trial: TrialRecord) -> list[str]:
+    """The trial's environment as lines a `vllm serve --config` user applies before starting the server."""
+    env = knob_env(trial)
+    if not env:
+        return []
+    return ["# environment: vLLM reads these from the environment, not from this file; set them where the "
+            "server starts:", *[f"#   export {k}={shlex.quote(v)}" for k, v in env.items()]]
 
 
 def config_mapping(study: StudyRecord, trial: TrialRecord) -> dict[str, Any]:
@@ -67,6 +84,8 @@ def vllm_yaml(study: StudyRecord, trial: TrialRecord, verdict: Sequence[str] = (
     quality = _quality_used(study, trial)
     if quality:
         head.append(f"# WARNING: changes output quality: {', '.join(quality)} - validate accuracy before deploying")
+    head += [f"# {line}" for line in provenance_lines(study, trial)]
+    head += env_comment(trial)
     head.append(f"# run: vllm serve --config THIS_FILE   (engine {trial.engine_version or 'unknown version'})")
     return "\n".join(head) + "\n" + _secret_note(study, trial) + yaml.safe_dump(config_mapping(study, trial), sort_keys=False)
 
@@ -78,9 +97,10 @@ def serve_command(study: StudyRecord, trial: TrialRecord, verdict: Sequence[str]
     else:
         cmd += ["--model", study.model]
     cmd += _without_secrets([*study.fixed_flags, *trial.flags])
-    text = " ".join(shlex.quote(c) for c in cmd)
+    text = " ".join([*(f"{k}={shlex.quote(v)}" for k, v in knob_env(trial).items()), *(shlex.quote(c) for c in cmd)])
     quality = _quality_used(study, trial)
     note = f"# WARNING: changes output quality: {', '.join(quality)}\n" if quality else ""
+    note += "".join(f"# {line}\n" for line in provenance_lines(study, trial))
     return "".join(f"# {line}\n" for line in verdict) + note + _secret_note(study, trial) + text + "\n"
 
 
@@ -104,6 +124,7 @@ def as_json(study: StudyRecord, trial: TrialRecord, verdict: Sequence[str] = ())
         "study": study.name, "trial": trial.number, "role": trial.role, "model": study.model,
         "slo": study.slo, "objectives": trial.objectives, "constraints": trial.constraints,
         "params": trial.params, "flags": _without_secrets([*study.fixed_flags, *trial.flags]),
+        "env": knob_env(trial), "labels": provenance_lines(study, trial),
         "withheld_secret_flags": _withheld(study, trial), "config": config_mapping(study, trial),
         "quality_knobs": _quality_used(study, trial), "metrics": trial.metrics, "capacity": trial.capacity,
         "telemetry": trial.telemetry, "kv_cache_tokens": trial.kv_cache_tokens,

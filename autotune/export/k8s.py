@@ -1,5 +1,6 @@
 """`export --format k8s`: a Deployment and a Service for the trial (GPUs from the layout, the model on a
-volume, readiness and liveness probes on vLLM's /health, the flags as container args)."""
+volume, readiness and liveness probes on vLLM's /health, the flags as container args, the trial's env
+knobs as the container's env)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import re
 import yaml
 
 from autotune.export.container import PORT, gpu_count, header, image_for, model_mount, server_args
+from autotune.export.formats import knob_env
 from autotune.export.options import ExportContext
 
 
@@ -28,6 +30,7 @@ def manifests(ctx: ExportContext) -> list[dict]:
     probe = {"httpGet": {"path": "/health", "port": PORT}, "periodSeconds": 10, "timeoutSeconds": 5}
     container = {
         "name": "vllm", "image": image_for(ctx), "args": server_args(ctx, mount),
+        **({"env": [{"name": k, "value": v} for k, v in knob_env(ctx.trial).items()]} if knob_env(ctx.trial) else {}),
         "ports": [{"name": "http", "containerPort": PORT}],
         "resources": {"limits": {"nvidia.com/gpu": gpus}, "requests": {"nvidia.com/gpu": gpus}},
         "volumeMounts": [{"name": "model", "mountPath": mount.container, "readOnly": mount.read_only},

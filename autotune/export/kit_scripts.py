@@ -59,14 +59,22 @@ kit_command() {
       if [[ "${FLAG_NAMES[$i]}" == served-model-name ]]; then SERVED="$value"; fi
     fi
   done
+  KNOB_ENV=()   # NAME=value for the trial's env knobs, checked like the flags
+  for i in "${!KNOB_ENV_VARS[@]}"; do
+    name="${KNOB_ENV_VARS[$i]}" kind="${KNOB_ENV_KINDS[$i]}"
+    value="${!name-${KNOB_ENV_DEFAULTS[$i]}}"
+    kit_check "$name" "$kind" "$value"
+    KNOB_ENV+=("$name=$value")
+  done
 }
 
-kit_env() {   # the study's engine environment, each overridable
+kit_env() {   # the study's engine environment, each overridable, then the env knobs (kit_command)
   local i name
   for i in "${!ENV_VARS[@]}"; do
     name="${ENV_VARS[$i]}"
     export "$name=${!name-${ENV_DEFAULTS[$i]}}"
   done
+  for i in "${!KNOB_ENV[@]}"; do export "${KNOB_ENV[$i]}"; done
 }
 
 kit_group_alive() { kill -0 -- "-$1" 2>/dev/null; }
@@ -91,13 +99,13 @@ DEPLOY = r'''#!/usr/bin/env bash
 # Start vLLM in the background with the tuned settings and wait until it is healthy. Any setting in
 # settings.sh can be overridden by an environment variable of the same name, e.g.
 #   MAX_NUM_SEQS=64 ./deploy.sh        ENABLE_PREFIX_CACHING=0 ./deploy.sh        PORT=8001 ./deploy.sh
-# A running server of this kit is stopped first (a redeploy). DRY_RUN=1 prints the command, one
-# argument a line, and starts nothing.
+# A running server of this kit is stopped first (a redeploy). DRY_RUN=1 prints the env knobs' NAME=value
+# and the command, one a line, and starts nothing.
 set -euo pipefail
 KIT_DIR="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)"
 . "$KIT_DIR/settings.sh"
 kit_command
-if [[ "${DRY_RUN-0}" == 1 ]]; then printf '%s\n' "${CMD[@]}"; exit 0; fi
+if [[ "${DRY_RUN-0}" == 1 ]]; then printf '%s\n' "${KNOB_ENV[@]}" "${CMD[@]}"; exit 0; fi
 if kit_pid >/dev/null; then "$KIT_DIR/stop.sh"; fi
 mkdir -p -- "$RUN_DIR"
 kit_env
@@ -131,7 +139,7 @@ set -euo pipefail
 KIT_DIR="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)"
 . "$KIT_DIR/settings.sh"
 kit_command
-printf '+ %s\n' "$(printf '%q ' "${CMD[@]}")" >&2
+printf '+ %s\n' "$(printf '%q ' "${KNOB_ENV[@]}" "${CMD[@]}")" >&2
 if [[ "${DRY_RUN-0}" == 1 ]]; then exit 0; fi
 kit_env
 exec "${CMD[@]}"

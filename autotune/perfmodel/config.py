@@ -41,8 +41,8 @@ _IGNORED_VALUED = (
     "--tokenizer", "--revision", "--tokenizer-revision", "--tokenizer-mode", "--load-format",
     "--download-dir", "--distributed-executor-backend", "--swap-space", "--cpu-offload-gb",
     "--max-seq-len-to-capture", "--uvicorn-log-level", "--api-key", "--chat-template",
-    "--generation-config", "--limit-mm-per-prompt", "--max-num-partial-prefills",
-    "--long-prefill-token-threshold", "--scheduling-policy", "--compilation-config",
+    "--generation-config", "--limit-mm-per-prompt", "--max-num-partial-prefills", "--max-long-partial-prefills",
+    "--scheduling-policy", "--compilation-config", "--stream-interval", "--cudagraph-capture-sizes",
     "--cuda-graph-sizes", "--speculative-config", "--hf-overrides", "--override-generation-config",
     "--reasoning-parser", "--tool-call-parser", "--guided-decoding-backend", "--structured-outputs-config",
     "--max-logprobs", "--root-path", "--allowed-origins", "--lora-modules", "--mm-processor-kwargs",
@@ -55,6 +55,8 @@ _IGNORED_SWITCHES = (
     "--disable-sliding-window", "--enable-sleep-mode", "--skip-tokenizer-init", "--enable-lora",
     "--disable-uvicorn-access-log", "--headless", "--enable-prompt-tokens-details", "--enable-force-include-usage",
 )
+# Accepted boolean knobs (both forms) that do not change the simulated physics (perfmodel/knobs.py says why).
+_IGNORED_BOOLEANS = ("--enable-dbo", "--enable-eplb")
 
 
 def add_vllm_arguments(p: argparse.ArgumentParser) -> None:
@@ -80,13 +82,19 @@ def add_vllm_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--block-size", type=int, choices=(1, 8, 16, 32, 64, 128, 256), default=16)
     g.add_argument("--enforce-eager", action="store_true")
     g.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True)
-    g.add_argument("--kv-cache-memory-bytes", type=int)
+    g.add_argument("--kv-cache-memory-bytes", type=_human_int)
+    g.add_argument("--max-cudagraph-capture-size", type=int)
+    g.add_argument("--long-prefill-token-threshold", type=int, default=0)
+    g.add_argument("--optimization-level", "-O", type=int, choices=(0, 1, 2, 3), default=2)
+    g.add_argument("--performance-mode", choices=("balanced", "interactivity", "throughput"), default="balanced")
     g.add_argument("--num-gpu-blocks-override", type=int)
     g.add_argument("--seed-vllm", dest="vllm_seed", type=int, help=argparse.SUPPRESS)
     for flag in _IGNORED_VALUED:
         g.add_argument(flag, help=argparse.SUPPRESS)
     for flag in _IGNORED_SWITCHES:
         g.add_argument(flag, action="store_true", help=argparse.SUPPRESS)
+    for flag in _IGNORED_BOOLEANS:
+        g.add_argument(flag, action=argparse.BooleanOptionalAction, help=argparse.SUPPRESS)
 
 
 def _max_model_len(text: str) -> int:
@@ -97,6 +105,16 @@ def _max_model_len(text: str) -> int:
         return int(float(t[:-1] if mult > 1 else t) * mult)
     except ValueError:
         raise argparse.ArgumentTypeError(f"invalid max model len {text!r}") from None
+
+
+def _human_int(text: str) -> int:
+    """vLLM reads byte counts like 16G, 512M or 1.5G too (decimal multipliers, as its parser)."""
+    t = text.strip()
+    mult = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}.get(t[-1:].lower(), 1)
+    try:
+        return int(float(t[:-1] if mult > 1 else t) * mult)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid byte count {text!r}") from None
 
 
 def expand_config_file(argv: Sequence[str]) -> list[str]:
@@ -149,6 +167,9 @@ class EngineConfig:
     kv_cache_memory_bytes: int | None
     quantization: str | None
     kv_cache_dtype: str
+    max_cudagraph_capture_size: int | None = None   # None: vLLM's own, min(2 x max-num-seqs, 512)
+    long_prefill_token_threshold: int = 0           # 0: off; else the per-step chunk of one prompt when others wait
+    optimization_level: int = 2                     # 0: eager, 1: piecewise graphs only, 2 and 3: full graphs
 
     @property
     def world_size(self) -> int:
@@ -159,6 +180,8 @@ def resolve(ns: argparse.Namespace, profile: ModelProfile, gpu: GPU) -> EngineCo
     """vLLM's defaults for this GPU and model (arg_utils: larger batch defaults on >= 70 GiB GPUs
     not named A100; max model len from the config)."""
     seqs_default, batched_default = (1024, 8192) if gpu.large_defaults else (256, 2048)
+    if ns.performance_mode == "throughput":   # vLLM: throughput mode doubles the defaults it fills in
+        seqs_default, batched_default = 2 * seqs_default, 2 * batched_default
     max_model_len = ns.max_model_len or profile.max_position
     seqs = ns.max_num_seqs or seqs_default
     batched = ns.max_num_batched_tokens
@@ -179,6 +202,9 @@ def resolve(ns: argparse.Namespace, profile: ModelProfile, gpu: GPU) -> EngineCo
         dp=ns.data_parallel_size, ep=ns.enable_expert_parallel, block_size=ns.block_size,
         enforce_eager=ns.enforce_eager, async_scheduling=ns.async_scheduling,
         kv_cache_memory_bytes=ns.kv_cache_memory_bytes, quantization=ns.quantization, kv_cache_dtype=kv,
+        max_cudagraph_capture_size=ns.max_cudagraph_capture_size,
+        long_prefill_token_threshold=max(0, ns.long_prefill_token_threshold or 0),
+        optimization_level=ns.optimization_level,
     )
 
 

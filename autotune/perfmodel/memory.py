@@ -45,14 +45,31 @@ class MemoryBudget:
         return asdict(self)
 
 
-def capture_sizes(max_num_seqs: int, enforce_eager: bool) -> int:
+def capture_sizes(max_num_seqs: int, enforce_eager: bool, capture_max: int | None = None) -> int:
     """How many batch sizes vLLM captures CUDA graphs for: [1, 2, 4] + 8..248 by 8 + 256.. by 16,
-    up to min(2 x max_num_seqs, 512). 51 at the default; 11 at max-num-seqs 32."""
+    up to `capture_max` (`--max-cudagraph-capture-size`), by default min(2 x max_num_seqs, 512). 51 at the
+    default; 11 at max-num-seqs 32 or at a capture size of 64."""
     if enforce_eager:
         return 0
-    top = min(2 * max_num_seqs, 512)
+    top = min(2 * max_num_seqs, 512) if capture_max is None else capture_max
     sizes = [1, 2, 4] + list(range(8, 256, 8)) + list(range(256, top + 1, 16))
     return sum(1 for s in sizes if s <= top)
+
+
+def graph_capture_max(cfg: EngineConfig) -> int:
+    """The largest batch that runs inside a CUDA graph; 0 when none is captured (`--enforce-eager`, or
+    `--optimization-level 0`: no compilation, no graphs). Larger decode batches run eagerly."""
+    if cfg.enforce_eager or cfg.optimization_level == 0:
+        return 0
+    if cfg.max_cudagraph_capture_size is not None:
+        return max(0, cfg.max_cudagraph_capture_size)
+    return min(2 * cfg.max_num_seqs, 512)
+
+
+def config_capture_sizes(cfg: EngineConfig) -> int:
+    """capture_sizes for a resolved configuration (capture size, eager, optimization level)."""
+    top = graph_capture_max(cfg)
+    return capture_sizes(cfg.max_num_seqs, top == 0, top)
 
 
 def dense_weight_bytes(profile: ModelProfile, cfg: EngineConfig) -> float:
@@ -92,7 +109,7 @@ def activation_gib(profile: ModelProfile, cfg: EngineConfig) -> float:
 
 
 def graphs_gib(profile: ModelProfile, cfg: EngineConfig) -> float:
-    n = capture_sizes(cfg.max_num_seqs, cfg.enforce_eager)
+    n = config_capture_sizes(cfg)
     if n == 0:
         return 0.0
     base = profile.graph_base_gib if profile.graph_base_gib is not None else 0.02
@@ -158,7 +175,7 @@ def memory_budget(profile: ModelProfile, cfg: EngineConfig, gpu: GPU, num_gpus: 
     per_request_blocks = math.ceil(cfg.max_model_len / cfg.block_size)
     concurrency = blocks / per_request_blocks if per_request_blocks else 0.0
     budget = MemoryBudget(total, requested, weights, act, other, graphs, kv, bpt, tokens, blocks,
-                          concurrency, capture_sizes(cfg.max_num_seqs, cfg.enforce_eager), True, None, "")
+                          concurrency, config_capture_sizes(cfg), True, None, "")
     error = validate(profile, cfg, num_gpus)
     if error:
         budget.fits, budget.cause, budget.reason = False, causes.BAD_CONFIG, error
@@ -169,6 +186,14 @@ def memory_budget(profile: ModelProfile, cfg: EngineConfig, gpu: GPU, num_gpus: 
                          f"{weights / max(profile.num_layers, 1):.2f} GiB. GPU 0 has a total capacity of "
                          f"{total:.2f} GiB of which {free_mib:.2f} MiB is free. (weights need {weights:.2f} GiB "
                          "per GPU)")
+    elif cfg.kv_cache_memory_bytes is not None and weights + act + other + graphs + kv > total:
+        # --kv-cache-memory-bytes bypasses the memory fraction: the bytes are allocated as asked, and
+        # what does not fit beside the weights, activations and graphs is an OOM at startup
+        budget.fits, budget.cause = False, causes.STARTUP_OOM
+        budget.reason = (f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {kv:.2f} GiB for the KV "
+                         f"cache (--kv-cache-memory-bytes). GPU 0 has a total capacity of {total:.2f} GiB "
+                         f"(weights {weights:.2f} + activations {act:.2f} + graphs {graphs:.2f} + other "
+                         f"{other:.2f} GiB already)")
     elif kv <= 0:
         budget.fits, budget.cause = False, causes.KV_TOO_SMALL
         budget.reason = ("ValueError: No available memory for the cache blocks. Try increasing "

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from autotune.perfmodel.config import EngineConfig
 from autotune.perfmodel.gpus import GPU
-from autotune.perfmodel.memory import capture_sizes, dense_weight_bytes, expert_weight_bytes
+from autotune.perfmodel.memory import dense_weight_bytes, expert_weight_bytes, graph_capture_max
 from autotune.perfmodel.profiles import ModelProfile
 
 BW_EFFICIENCY = 0.80       # achieved HBM fraction streaming weights and KV (real H200 run: TPOT 4.73 ms at batch 1)
@@ -75,9 +75,10 @@ class StepModel:
         self.attn_flops_per_ctx = 4 * profile.num_layers / pp * attn_width / tp
         self.layers = profile.num_layers / pp
         self.fp8_gemm_s = FP8_GEMM_S * FP8_GEMMS_PER_LAYER * self.layers if self.fp8 else 0.0
-        self.max_graph = 0 if cfg.enforce_eager else min(2 * cfg.max_num_seqs, 512)
-        if capture_sizes(cfg.max_num_seqs, cfg.enforce_eager) == 0:
-            self.max_graph = 0
+        self.max_graph = graph_capture_max(cfg)
+        # -O1 captures piecewise graphs only: attention runs outside them in every step, not only in
+        # mixed prefill steps (-O2, the default, and -O3 add full graphs for pure decode steps)
+        self.piecewise_only = cfg.optimization_level == 1
 
     def _touched(self, routed_tokens: float) -> float:
         """Fraction of the experts on a GPU that at least one of `routed_tokens` tokens picks."""
@@ -123,7 +124,7 @@ class StepModel:
                     + self.fp8_gemm_s)
         if self.max_graph == 0 or (not prefill and num_seqs / dp > self.max_graph):
             overhead += EAGER_LAUNCH_S * self.layers
-        elif prefill:
+        elif prefill or self.piecewise_only:
             overhead += PIECEWISE_S * self.layers
         core = max(memory_s, compute_s) + 0.10 * min(memory_s, compute_s)
         total = (core + comm_s) * (1 + PP_BUBBLE * (self.cfg.pp - 1)) + overhead

@@ -1,5 +1,6 @@
-"""`autotune diff A B`: two trials (numbers, or `baseline`) side by side: the flags each ran with, what
-each measured, B against A, and the confirmed gain with its interval where both were confirmed."""
+"""`autotune diff A B`: two trials (numbers, or `baseline`) side by side: the flags (and the environment
+variables its env knobs set) each ran with, what each measured, B against A, and the confirmed gain with
+its interval where both were confirmed."""
 
 from __future__ import annotations
 
@@ -51,6 +52,9 @@ def compare(study: StudyRecord, a: TrialRecord, b: TrialRecord, confirms: dict[i
     fb = flags_to_mapping([*study.fixed_flags, *b.flags])
     flags = [{"flag": k, "a": fa.get(k), "b": fb.get(k), "differs": fa.get(k) != fb.get(k)}
              for k in dict.fromkeys([*fa, *fb])]
+    ea, eb = a.env or {}, b.env or {}   # what each trial's env knobs set in the launch environment
+    flags += [{"flag": f"env {k}", "env": k, "a": ea.get(k), "b": eb.get(k), "differs": ea.get(k) != eb.get(k)}
+              for k in dict.fromkeys([*ea, *eb])]
     rows = []
     for name, direction in study.objectives:
         va, vb = (a.objectives or {}).get(name), (b.objectives or {}).get(name)
@@ -91,7 +95,8 @@ def diff_command(args: argparse.Namespace) -> int:
         flags.add_column(col)
     for f in out["flags"]:
         flags.add_row(("* " if f["differs"] else "  ") + f["flag"],
-                      *[_fmt(f[k]) if f[k] is not None else "(vLLM default)" for k in ("a", "b")])
+                      *[_fmt(f[k]) if f[k] is not None else ("(unset)" if "env" in f else "(vLLM default)")
+                        for k in ("a", "b")])
     console.print(flags)
     table = Table(title="measurements (first runs; confirmed medians where confirmed)")
     for col in ("measure", f"#{a.number}", f"#{b.number}", "B/A", "confirmed A", "confirmed B", "confirmed gain"):

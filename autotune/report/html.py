@@ -18,7 +18,9 @@ from autotune.tuner.verdict import flags_of
 from autotune.export.files import write_text_atomic
 from autotune.report import confirmed as conf
 from autotune.report import figures
+from autotune.report.effects import NOTE as EFFECTS_NOTE, effect_rows, knob_effects
 from autotune.report.importance import param_importances
+from autotune.report.provenance import provenance_lines, speculative_label, speculative_used
 from autotune.report.show import _fmt, compact_params
 from autotune.store.models import StudyRecord, TrialRecord
 from autotune.store.queries import pareto_front
@@ -110,7 +112,24 @@ def _exported(study: StudyRecord, trials: Sequence[TrialRecord], choice: Any,
     if quality:
         rows.append(("quality warning", f'<span class="warn">changes output quality: {_e(", ".join(quality))} '
                                         f"- validate accuracy before deploying</span>"))
+    if t.env:
+        rows.append(("environment (env knobs)", f"<code>{_e(' '.join(f'{k}={v}' for k, v in t.env.items()))}</code>"))
+    for line in provenance_lines(study, t):
+        rows.append(("speculative decoding", f'<span class="warn">{_e(line)}</span>'
+                     if line.startswith("SPECULATIVE") else _e(line)))
     return _table(rows)
+
+
+def _knob_effects(study: StudyRecord, trials: Sequence[TrialRecord], imp: dict[str, dict[str, float]]) -> str:
+    """What each knob did to each objective (report/effects.py), with the trials it rests on."""
+    effects = knob_effects(study, trials, imp)
+    if not effects:
+        return '<p class="muted">no knob moved among the measured trials yet</p>'
+    names = [o for o, _ in study.objectives]
+    head = ["knob", "measured trials", *[h for n in names for h in (f"{n}: importance", f"{n}: effect")]]
+    return _table([[_e(c) for c in row] for row in effect_rows(effects, names)], head) + \
+        f'<p class="muted">{_e(EFFECTS_NOTE)}</p>'
+
 
 
 def _trial_table(study: StudyRecord, trials: Sequence[TrialRecord], front: set[int], exported: int | None,
@@ -172,6 +191,9 @@ def render_report(store: ResultStore, study: StudyRecord) -> str:
             body.append(fig.to_html(full_html=False, include_plotlyjs=False, div_id=f"plot-{key}",
                                     config={"displaylogo": False, "responsive": True}))
         body.append("</div>")
+    if any(speculative_used(t) for t in trials) and speculative_label(study):
+        body.insert(3, f'<p class="warn">{_e(speculative_label(study))}</p>')
+    body += ["<h2>What each knob did</h2>", _knob_effects(study, trials, imp)]
     body += ["<h2>Every trial</h2>", _trial_table(study, trials, front, choice.trial.number if choice.trial else None,
                                                   confirms, flags)]
     title = f"autotune report: {study.name}" + (" (SIMULATED)" if simulated else "")

@@ -95,8 +95,51 @@ def trial_rows(study: StudyRecord, trials: list[TrialRecord], predictions: dict[
             "measurement_flags": flags_of(t), "bracket": (t.capacity or {}).get("bracket"),
             "bound": (t.capacity or {}).get("bound"), "startup_phases": (t.startup or {}).get("phases"),
             "twin": {"rank": pred.rank, "predicted": pred.predicted, "simulated": True} if pred else None,
+            "env": t.env or {}, "notes": trial_notes(study, t),
+            "spec_acceptance_pct": (t.metrics or {}).get("spec_acceptance_pct"),
         })
     return rows
+
+
+def trial_notes(study: StudyRecord, t: TrialRecord) -> list[str]:
+    """What the trial's settings mean beyond their values: env knobs set, warnings vLLM would not give
+    (space/constraints.py `notes`), speculative decoding's acceptance."""
+    from autotune.flags import flags_to_mapping
+    from autotune.report.provenance import acceptance
+    from autotune.space.constraints import notes
+
+    out = [f"env {k}={v}" for k, v in (t.env or {}).items()]
+    out += notes(flags_to_mapping([*(study.fixed_flags or []), *(t.flags or [])]))
+    if acceptance(t):
+        out.append("speculative decoding: " + acceptance(t))
+    return out
+
+
+def knob_lines(store: ResultStore, study: StudyRecord, trials: list[TrialRecord]) -> tuple[list[str], list[dict]]:
+    """The per-knob effects section of `show` (report/effects.py) as lines, and as JSON."""
+    from autotune.report.effects import NOTE, effect_rows, knob_effects
+    from autotune.report.importance import param_importances
+
+    imp, _ = param_importances(store.url, study, trials)
+    effects = knob_effects(study, trials, imp)
+    if not effects:
+        return [], []
+    names = [o for o, _ in study.objectives]
+    lines = ["knob effects (" + ", ".join(f"{n}: {d}" for n, d in study.objectives) + "):"]
+    for row in effect_rows(effects, names):
+        parts = [f"{n} imp {row[2 + 2 * i]} {row[3 + 2 * i]}" for i, n in enumerate(names)]
+        lines.append(f"  {row[0]} ({row[1]} trials): " + "; ".join(parts))
+    return [*lines, "  " + NOTE], [e.to_json() for e in effects]
+
+
+def twin_blind_spots(trials: list[TrialRecord]) -> list[str]:
+    """Knobs the study's trials set that the twin does not model (perfmodel/knobs.py): its predictions
+    say nothing about them. Read by parameter name (a flag knob is named after its flag; the parallel
+    layout is a composite of modelled flags; an env knob is never modelled)."""
+    from autotune.perfmodel.knobs import MODELLED
+
+    names = dict.fromkeys(k for t in trials for k in (t.params or {}))
+    return [k for k in names if k not in MODELLED and k != "parallel_layout"]
 
 
 def show_command(args: argparse.Namespace) -> int:
@@ -112,6 +155,8 @@ def show_command(args: argparse.Namespace) -> int:
     limits = store.limits(study.id)
     rows = trial_rows(study, trials, predictions)
     profile = store.workload_profile(study.id)
+    from autotune.report.provenance import speculative_label, speculative_used
+    spec_label = speculative_label(study) if any(speculative_used(t) for t in trials) else None
     if args.json:
         print(json.dumps({"study": study.name, "model": study.model, "slo": study.slo,
                           "objectives": study.objectives, "workload_profile": profile,
@@ -119,7 +164,10 @@ def show_command(args: argparse.Namespace) -> int:
                           "confirmations": {str(n): c.to_json() for n, c in sorted(confirmed.items())},
                           "pareto_front": [t.number for t in front], "pareto_front_confirmed": bool(confirmed),
                           "best": choice.trial.number if choice.trial else None,
-                          "best_confirmed": choice.confirmed is not None, "best_why": choice.why},
+                          "best_confirmed": choice.confirmed is not None, "best_why": choice.why,
+                          "knob_effects": knob_lines(store, study, trials)[1],
+                          "speculative_label": spec_label,
+                          "twin_unmodelled": twin_blind_spots(trials) if predictions else []},
                          indent=2, default=str))
         return 0
     console = Console(width=160)
@@ -130,20 +178,24 @@ def show_command(args: argparse.Namespace) -> int:
     if profile:
         from autotune.bench.profile import format_profile
         console.print(format_profile(profile), markup=False, highlight=False)
+    if spec_label:
+        console.print(spec_label, markup=False, highlight=False)
     extra = [(label, key) for label, key, objective in (
         ("p99 TTFT ms", "p99_ttft_ms", "p99_ttft_ms"), ("p50 TPOT ms", "median_tpot_ms", "p50_tpot_ms"),
         ("out tok/s", "output_throughput", "output_tps")) if objective not in names
         and not (objective == "output_tps" and "capacity_tps" in names)]
     table = Table(show_lines=False)
     twin = [f"twin {names[0]}"] if predictions else []
-    for col in ("#", "role", "state", "cause", "params", *names, *twin, *[e[0] for e in extra], "load", "KV tokens",
-                "start s", f"confirmed {names[0]}", "flags"):
+    spec_col = ["spec acc %"] if spec_label is not None or any(r["spec_acceptance_pct"] is not None for r in rows) else []
+    for col in ("#", "role", "state", "cause", "params", *names, *twin, *[e[0] for e in extra], *spec_col, "load",
+                "KV tokens", "start s", f"confirmed {names[0]}", "flags"):
         table.add_column(col, overflow="fold")
     for t, r in zip(trials, rows):
         table.add_row(str(t.number), t.role, t.state + (" *" if t in front else ""), t.cause or "",
                       compact_params(t), *[_fmt(r["objectives"].get(n)) for n in names],
                       *([_twin_cell(predictions.get(t.number), names[0])] if predictions else []),
-                      *[_fmt(r[key]) for _, key in extra], _fmt(r["capacity"]), _fmt(t.kv_cache_tokens),
+                      *[_fmt(r[key]) for _, key in extra],
+                      *([_fmt(r["spec_acceptance_pct"])] if spec_col else []), _fmt(r["capacity"]), _fmt(t.kv_cache_tokens),
                       _fmt(t.startup_seconds), cell(study, confirmed.get(t.number)),
                       " ".join(r["measurement_flags"]))
     console.print(table)
@@ -151,7 +203,9 @@ def show_command(args: argparse.Namespace) -> int:
                   "objective columns = each trial's first run; confirmed = median of repeats ±half their spread "
                   "(OUT: left the front); flags = measurement flags (never exported unconfirmed)"
                   + ("; twin = the simulator's rank among the candidates it ranked and its predicted value "
-                     "(SIMULATED, beside the measurement)" if predictions else ""),
+                     "(SIMULATED, beside the measurement)" if predictions else "")
+                  + ("; the twin does not model " + ", ".join(twin_blind_spots(trials)) + " (their effect is "
+                     "measured only)" if predictions and twin_blind_spots(trials) else ""),
                   markup=False, highlight=False)
     for t in trials:
         line = _telemetry_line(study, t)
@@ -160,8 +214,9 @@ def show_command(args: argparse.Namespace) -> int:
         placed = placement_line(t) if any(r.overlapped for r in trials) else ""
         phases = (t.startup or {}).get("phases")
         start = format_phases(phases) if phases else ""
-        if line or why or note or placed or start:
-            console.print(f"  trial {t.number}: " + "; ".join(x for x in (why, line, note, placed, start) if x),
+        knobs = "; ".join(trial_notes(study, t))
+        if line or why or note or placed or start or knobs:
+            console.print(f"  trial {t.number}: " + "; ".join(x for x in (why, knobs, line, note, placed, start) if x),
                           markup=False, highlight=False)
     for line in confirmation_lines(study, trials, confirmed):
         console.print(line, markup=False, highlight=False)
@@ -173,6 +228,8 @@ def show_command(args: argparse.Namespace) -> int:
     if any(counts.values()):
         console.print("not launched or stopped early: " + ", ".join(f"{v} {k}" for k, v in counts.items())
                       + " (duplicates and candidates outside a learned limit do not count as trials)")
+    for line in knob_lines(store, study, trials)[0]:
+        console.print(line, markup=False, highlight=False)
     if front:
         values = {c.trial.number: c.medians for c in confirmed.values()} if confirmed else {}
         console.print(("[bold]Pareto front, confirmed medians[/]" if confirmed else
@@ -180,8 +237,9 @@ def show_command(args: argparse.Namespace) -> int:
                       + ", ".join(f"#{t.number} (" + ", ".join(
                           f"{n}={_fmt(values.get(t.number, t.objectives)[n])}" for n in names) + ")" for t in front))
     if choice.trial is not None:
-        console.print(f"export: {choice.why}: {' '.join(choice.trial.flags) or '(defaults)'}",
-                      markup=False, highlight=False)
+        env = " ".join(f"{k}={v}" for k, v in (choice.trial.env or {}).items())
+        console.print(f"export: {choice.why}: {' '.join(choice.trial.flags) or '(defaults)'}"
+                      + (f" with {env}" if env else ""), markup=False, highlight=False)
     else:
         console.print(f"export: nothing: {choice.why}", markup=False, highlight=False)
     return 0

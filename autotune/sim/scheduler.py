@@ -177,10 +177,15 @@ class Scheduler:
         budget = self.budget
         items: list[tuple[SimRequest, int]] = []
         preempted_before = self.preemptions
+        # --long-prefill-token-threshold: one prompt gets at most that many tokens a step while another
+        # request is there to be starved (vLLM v1's scheduler; alone, a prompt takes the whole budget)
+        cap = self.cfg.long_prefill_token_threshold if len(self.running) + len(self.waiting) > 1 else 0
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
             n = min(req.total_len - req.num_computed, budget)
+            if 0 < cap < n:
+                n = cap
             if n <= 0:
                 i += 1
                 continue
@@ -203,6 +208,8 @@ class Scheduler:
                 cached = req.num_computed
             remaining = req.total_len - cached
             n = min(remaining, budget)
+            if 0 < cap < n and self.cfg.chunked_prefill:
+                n = cap
             if not self.cfg.chunked_prefill and n < remaining:
                 break
             if not self._grow(req, cached + n):

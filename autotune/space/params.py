@@ -1,8 +1,11 @@
-"""One tunable vLLM flag: its range, how Optuna samples it and how it is written on a command line."""
+"""One tunable vLLM knob: its range, how Optuna samples it and how it reaches the server: as a flag on
+the command line, or (`env: NAME`) as a variable of the launch environment."""
 
 from __future__ import annotations
 
+import json
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -15,9 +18,16 @@ from autotune.flags import mapping_to_flags
 
 _KINDS = ("int", "float", "bool", "categorical")
 _KEYS = {"type", "low", "high", "step", "log", "choices", "default", "flag", "when", "quality",
-         "requires_gpus", "help"}
+         "requires_gpus", "help", "env", "opt_in", "json"}
 # A categorical choice that means "leave the flag off" (e.g. quantization: none).
 NONE_CHOICES = ("none", None)
+_ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]*")
+# Variables autotune sets on every launch itself (engine/vllm.py, tuner/trial.py, engine/cache.py): a knob
+# may not take them over, or a trial would not run where it says it ran.
+RESERVED_ENV = frozenset({"VLLM_SERVER_DEV_MODE", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "VLLM_PORT",
+                          "VLLM_DP_MASTER_PORT", "VLLM_CPU_OMP_THREADS_BIND", "VLLM_CACHE_ROOT",
+                          "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "PYTHONPYCACHEPREFIX", "VLLM_API_KEY"})
+_PLACEHOLDER = re.compile(r"\{([a-z_]+)\}")
 
 
 def _finite(value: Any) -> bool:
@@ -39,6 +49,9 @@ class ParamSpec:
     quality: bool = False        # changes output quality: searched only with the study's opt-in
     requires_gpus: int = 1       # dropped from the space when fewer GPUs are given
     layouts: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)   # label -> flags, for composite choices
+    env: str = ""                # set as this environment variable of the launch, not as a flag
+    opt_in: str = ""             # searched only when the study opts into this group (e.g. speculative)
+    values: Mapping[str, Any] = field(default_factory=dict)   # label -> JSON value of the flag (`json: true`)
 
     @classmethod
     def from_mapping(cls, name: str, raw: Any) -> "ParamSpec":
@@ -60,8 +73,12 @@ class ParamSpec:
         gpus = raw.get("requires_gpus", 1)
         if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 1:
             raise UserError(f"{where}: requires_gpus must be a whole number >= 1, not {gpus!r}")
+        env = _env_name(where, raw)
+        opt_in = raw.get("opt_in") or ""
+        if not isinstance(opt_in, str) or (opt_in and not re.fullmatch(r"[a-z][a-z0-9_]*", opt_in)):
+            raise UserError(f"{where}: opt_in names a group of the study, like speculative, not {opt_in!r}")
         common = dict(name=name, kind=kind, default=raw.get("default"), flag=flag, when=when,
-                      quality=bool(raw.get("quality", False)), requires_gpus=gpus)
+                      quality=bool(raw.get("quality", False)), requires_gpus=gpus, env=env, opt_in=opt_in)
         if kind in ("int", "float"):
             low, high = raw.get("low"), raw.get("high")
             if not _finite(low) or not _finite(high):
@@ -80,7 +97,21 @@ class ParamSpec:
             return cls(low=low, high=high, step=step, log=log, **common)
         if kind == "categorical":
             choices = raw.get("choices")
+            if raw.get("json"):
+                # labelled JSON values of one flag (--speculative-config '{"method": "ngram", ...}'):
+                # the sampler sees the labels, vLLM the JSON; a null value leaves the flag off
+                if not isinstance(choices, Mapping) or not choices or env:
+                    raise UserError(f"{where}: json: true needs choices mapping labels to JSON values (or "
+                                    f"null for 'leave it off'), and a flag, not env")
+                values = {str(k): v for k, v in choices.items()}
+                try:
+                    json.dumps(values)
+                except (TypeError, ValueError):
+                    raise UserError(f"{where}: a choice is not a JSON value") from None
+                return cls(choices=tuple(values), values=values, **common)
             if isinstance(choices, Mapping) and choices:
+                if env:
+                    raise UserError(f"{where}: composite choices set flags; they cannot be an env knob")
                 # composite choices: each label stands for several flags that only make sense together
                 # (a parallel layout), so the sampler never proposes a combination no GPU count allows
                 layouts = {str(k): dict(v or {}) for k, v in choices.items()}
@@ -117,7 +148,13 @@ class ParamSpec:
         return value in self.choices
 
     def render(self, value: Any) -> list[str]:
-        """Command-line form. Booleans as --flag / --no-flag (vLLM's BooleanOptionalAction)."""
+        """Command-line form. Booleans as --flag / --no-flag (vLLM's BooleanOptionalAction); an env knob
+        has none (`render_env`)."""
+        if self.env:
+            return []
+        if self.values:
+            chosen = self.values.get(value)
+            return [] if chosen is None else [self.flag, json.dumps(chosen, sort_keys=True, separators=(",", ":"))]
         if self.kind == "bool":
             return [self.flag] if value else ["--no-" + self.flag[2:]]
         if self.layouts:
@@ -128,12 +165,50 @@ class ParamSpec:
             return [self.flag, f"{float(value):g}"]
         return [self.flag, str(value)]
 
+    def render_env(self, value: Any) -> dict[str, str]:
+        """Environment form of an env knob: booleans as 1/0, a `none` choice leaves the variable unset."""
+        if not self.env or (self.kind == "categorical" and value in NONE_CHOICES):
+            return {}
+        if isinstance(value, bool):
+            return {self.env: "1" if value else "0"}
+        return {self.env: f"{float(value):g}" if self.kind == "float" else str(value)}
+
+    def knobs(self) -> list[str]:
+        """What this parameter sets on the server, as the twin's tables name it (perfmodel/knobs.py):
+        flag names with underscores, `env:NAME` for an environment variable; several for a composite."""
+        if self.env:
+            return [f"env:{self.env}"]
+        if self.layouts:
+            names = {str(k) for layout in self.layouts.values() for k in layout}
+            return sorted(names) or [self.name]
+        return [self.flag[2:].replace("-", "_")]
+
     def describe(self) -> dict[str, Any]:
         """Canonical form for the space's fingerprint."""
         return {"name": self.name, "kind": self.kind, "low": self.low, "high": self.high, "step": self.step,
                 "log": self.log, "choices": list(self.choices), "flag": self.flag,
                 "when": {k: list(v) for k, v in sorted(self.when.items())},
-                **({"layouts": {k: dict(v) for k, v in self.layouts.items()}} if self.layouts else {})}
+                **({"layouts": {k: dict(v) for k, v in self.layouts.items()}} if self.layouts else {}),
+                **({"env": self.env} if self.env else {}), **({"opt_in": self.opt_in} if self.opt_in else {}),
+                **({"values": dict(self.values)} if self.values else {})}
+
+    def filled(self, settings: Mapping[str, Any]) -> "ParamSpec | None":
+        """JSON choices with `{key}` placeholders filled from an opt-in's settings (a draft model's path);
+        choices naming a setting the study did not give are dropped. None when at most one is left."""
+        if not self.values:
+            return self
+        kept: dict[str, Any] = {}
+        for label, value in self.values.items():
+            text = json.dumps(value)
+            missing = [k for k in _PLACEHOLDER.findall(text) if settings.get(k) in (None, "")]
+            if missing:
+                continue
+            for key in _PLACEHOLDER.findall(text):
+                text = text.replace("{" + key + "}", json.dumps(str(settings[key]))[1:-1])
+            kept[label] = json.loads(text)
+        if len(kept) <= 1:
+            return None
+        return ParamSpec(**{**self.__dict__, "choices": tuple(kept), "values": kept})
 
     def gpus_needed(self, value: Any) -> int:
         """GPUs a composite choice asks for (TP x PP x DP); 1 for anything else."""
@@ -142,3 +217,23 @@ class ParamSpec:
         for key in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):
             n *= int(layout.get(key, 1))
         return n
+
+
+def _env_name(where: str, raw: Mapping[str, Any]) -> str:
+    """The variable an env knob sets: upper-case, not a secret's name (the DB and exports record knob
+    values), not one autotune sets on every launch itself."""
+    from autotune.redact import looks_secret   # noqa: PLC0415 - redact imports nothing of the space
+
+    env = raw.get("env") or ""
+    if not env:
+        return ""
+    if not isinstance(env, str) or not _ENV_NAME.fullmatch(env):
+        raise UserError(f"{where}: env must be an environment variable name like VLLM_X, not {env!r}")
+    if raw.get("flag"):
+        raise UserError(f"{where}: a knob is either a flag or an env variable, not both")
+    if looks_secret(env):
+        raise UserError(f"{where}: env {env} names a secret; knob values are recorded and exported, secrets "
+                        "belong in engine.env")
+    if env in RESERVED_ENV:
+        raise UserError(f"{where}: env {env} is set by autotune on every launch; it cannot be a knob")
+    return env

@@ -84,6 +84,9 @@ class TrialRecord(Base):
     overlapped: Mapped[list[int] | None] = mapped_column(JSON, nullable=True)        # trial numbers
     measurement_flags: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)  # e.g. overlapped
     identity: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)     # gpu model, engine, spec
+    # Environment variables the candidate's env knobs set at launch (space/params.py `env`); the study's own
+    # engine.env is not here (it may hold secrets).
+    env: Mapped[dict[str, str] | None] = mapped_column(JSON, nullable=True)
 
 
 class ConfirmationRecord(Base):

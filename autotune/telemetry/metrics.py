@@ -30,6 +30,10 @@ KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "vllm:cpu_c
 PREEMPTIONS = ("vllm:num_preemptions_total", "vllm:num_preemptions")
 PREFIX_QUERIES = ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total")
 PREFIX_HITS = ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total")
+# Speculative decoding (vllm/v1/spec_decode/metrics.py): acceptance rate = accepted / draft tokens.
+SPEC_DRAFTS = ("vllm:spec_decode_num_drafts_total",)
+SPEC_DRAFT_TOKENS = ("vllm:spec_decode_num_draft_tokens_total",)
+SPEC_ACCEPTED = ("vllm:spec_decode_num_accepted_tokens_total",)
 
 
 def parse_prometheus(text: str) -> list[tuple[str, dict[str, str], float]]:
@@ -70,6 +74,9 @@ class VllmReading:
     preemptions_total: float | None = None
     prefix_queries_total: float | None = None
     prefix_hits_total: float | None = None
+    spec_drafts_total: float | None = None
+    spec_draft_tokens_total: float | None = None
+    spec_accepted_total: float | None = None
 
     @classmethod
     def from_text(cls, text: str) -> "VllmReading":
@@ -82,7 +89,26 @@ class VllmReading:
             preemptions_total=_pick(s, PREEMPTIONS, "sum"),
             prefix_queries_total=_pick(s, PREFIX_QUERIES, "sum"),
             prefix_hits_total=_pick(s, PREFIX_HITS, "sum"),
+            spec_drafts_total=_pick(s, SPEC_DRAFTS, "sum"),
+            spec_draft_tokens_total=_pick(s, SPEC_DRAFT_TOKENS, "sum"),
+            spec_accepted_total=_pick(s, SPEC_ACCEPTED, "sum"),
         )
+
+
+def spec_decode_stats(before: VllmReading | None, after: VllmReading | None) -> dict[str, float]:
+    """Speculative decoding between two readings: `spec_acceptance_pct` (accepted / proposed draft
+    tokens) and `spec_mean_accepted` (tokens accepted per draft); empty when the server proposed none."""
+    if before is None or after is None:
+        return {}
+    drafted = _delta(before.spec_draft_tokens_total, after.spec_draft_tokens_total)
+    accepted = _delta(before.spec_accepted_total, after.spec_accepted_total)
+    drafts = _delta(before.spec_drafts_total, after.spec_drafts_total)
+    if not drafted or accepted is None:
+        return {}
+    out = {"spec_acceptance_pct": 100.0 * accepted / drafted, "spec_draft_tokens": drafted}
+    if drafts:
+        out["spec_mean_accepted"] = accepted / drafts
+    return out
 
 
 def _delta(first: float | None, last: float | None) -> float | None:

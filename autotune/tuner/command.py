@@ -18,7 +18,7 @@ from autotune.engine.base import Engine
 from autotune.errors import UserError
 from autotune.space import SearchSpace, flag_names, mapping_to_flags
 from autotune.spec import (StudySpec, build_spec, check_engine_command, check_model, load_spec_file,
-                           parse_duration)
+                           parse_duration, resolve_provenance)
 from autotune.store.repository import ResultStore, storage_exists
 from autotune.store.urls import mask_url
 from autotune.telemetry import auto_source, get_source
@@ -128,39 +128,48 @@ def prepare_spec(raw: dict[str, Any], source: str, base_dir: Path | None) -> dic
     """Everything a study needs, checked before anything is written or launched (`run`, and the daemon
     for each queued study)."""
     spec = build_spec(raw, source)
-    spec = check_model(spec, base_dir)
+    spec = resolve_provenance(check_model(spec, base_dir))
     command = check_engine_command(spec)
-    space = SearchSpace.load(spec.search_space, base_dir).narrowed(spec.num_gpus, spec.quality_opt_in)
-    if not space.params:
-        raise UserError("the search space has nothing left to tune on this host")
+    space = SearchSpace.load(spec.search_space, base_dir).narrowed(spec.num_gpus, spec.quality_opt_in,
+                                                                   spec.opt_ins())
     space.model_max_len = _model_max_len(spec)
     if spec.baseline:
         unknown = [k for k in spec.baseline if not re.fullmatch(r"[a-z][a-z0-9_]*", str(k))]
         if unknown:
             raise UserError(f"baseline: {unknown[0]!r} is not a flag name like gpu_memory_utilization")
+    clash = sorted(set(space.env_names()) & set(spec.engine.env))
+    if clash:
+        raise UserError(f"engine.env sets {clash[0]}, which the search space searches (an env knob); "
+                        "remove one of them")
+    source = telemetry_for(spec)
+    check_objectives(spec, source)
+    timeout_s = parse_duration(spec.budget.timeout) if spec.budget.timeout is not None else None
+    n_trials = spec.budget.n_trials or DEFAULT_TRIALS
+    engine = build_engine(spec, command)
+    fixed = [*spec.engine.extra_flags, *space.fixed_flags]
+    # Fixed and baseline flags are the user's own: one this engine lacks is an error. A knob of the space
+    # the engine lacks (an older vLLM) is dropped with a notice and never sent.
+    unknown = engine.unknown_flags(flag_names([*fixed, *mapping_to_flags(spec.baseline or {})]))
+    if unknown:
+        raise UserError(f"the engine does not know flag(s) {', '.join(unknown)} (checked against its --help)")
+    space, notices = space.supported(engine.unknown_flags)
+    space, more = space.launchable(fixed)
+    notices += more
+    if not space.params:
+        raise UserError("the search space has nothing left to tune on this host")
     for i, cand in enumerate(spec.enqueue):
         for k, v in cand.items():
             if k not in space.params:
                 raise UserError(f"enqueue[{i}]: {k!r} is not a parameter of the search space")
             if not space.params[k].contains(v):
                 raise UserError(f"enqueue[{i}]: {k}={v!r} is outside the search space")
-    source = telemetry_for(spec)
-    check_objectives(spec, source)
-    timeout_s = parse_duration(spec.budget.timeout) if spec.budget.timeout is not None else None
-    n_trials = spec.budget.n_trials or DEFAULT_TRIALS
     if storage_exists(spec.storage_url):
         existing = ResultStore(spec.storage_url, create=False).study(spec.name)
         if existing is not None and existing.space_hash != space.fingerprint():
             raise UserError(f"study {spec.name!r} in {spec.storage_url} was created with another search space; "
                             f"use a new study name or storage")
-    engine = build_engine(spec, command)
-    fixed = [*spec.engine.extra_flags, *space.fixed_flags]
-    unknown = engine.unknown_flags(flag_names([*fixed, *space.flag_names(),
-                                               *mapping_to_flags(spec.baseline or {})]))
-    if unknown:
-        raise UserError(f"the engine does not know flag(s) {', '.join(unknown)} (checked against its --help)")
     return dict(spec=spec, space=space, engine=engine, telemetry=source, n_trials=n_trials, timeout_s=timeout_s,
-                fixed_flags=fixed, engine_command=command, predict=_predictor(spec))
+                fixed_flags=fixed, engine_command=command, predict=_predictor(spec), notices=notices)
 
 
 def _model_max_len(spec: StudySpec) -> int | None:

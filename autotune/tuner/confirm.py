@@ -45,7 +45,7 @@ def pick_candidates(study: StudyRecord, trials: Sequence[TrialRecord], k: int) -
     Flagged trials are candidates like any other: confirmation is what can clear them."""
     baseline = next((t for t in trials if t.role == "baseline"), None)
     pool = [t for t in trials if t.role != "baseline" and is_feasible(t)
-            and not (baseline is not None and t.flags == baseline.flags)]
+            and not (baseline is not None and (t.flags, t.env or {}) == (baseline.flags, baseline.env or {}))]
     out: list[TrialRecord] = []
 
     def add(t: TrialRecord | None) -> None:
@@ -105,7 +105,7 @@ def confirm_study(spec: StudySpec, store: ResultStore, study: StudyRecord, runne
         seed = round_seed(spec.seed, r)
         say(f"[confirm {r + 1}/{repeats}] trial {t.number} ({t.role}), seed {seed}")
         started = utcnow()
-        outcome = runner.run(t.number, t.flags, [], phase, lease=lease, seed=seed,
+        outcome = runner.run(t.number, t.flags, [], phase, lease=lease, seed=seed, env=t.env or {},
                              log_name=f"confirm-{t.number:04d}-r{r}.log", claim=bracket_low(t),
                              hint=first_bracket(t) if spec.load.search_start == "study" else None)
         row = _row(spec, outcome)

@@ -33,7 +33,7 @@ from autotune.daemon.pool import Lease, host_name
 from autotune.engine.base import Engine
 from autotune.engine.process import kill_leftovers
 from autotune.errors import UserError
-from autotune.flags import flags_to_mapping
+from autotune.flags import flags_to_mapping, with_env
 from autotune.space import SearchSpace, mapping_to_flags
 from autotune.spec import StudySpec
 from autotune.store.models import utcnow
@@ -76,6 +76,7 @@ class TrialJob:
     n_gpus: int               # TP x PP x DP of the candidate (1 on CPU/sim single-GPU)
     exclusive: bool
     violations: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)   # what the candidate's env knobs set at launch
     started_at: dt.datetime | None = None
     trial: optuna.Trial | None = field(default=None, repr=False)
 
@@ -134,7 +135,7 @@ class StudyDriver:
                  n_trials: int, timeout_s: float | None, fixed_flags: Sequence[str], engine_command: list[str],
                  predict: Any = None, live: bool | None = None, started: float | None = None, *,
                  progress: Progress | None = None, heartbeats: Heartbeats | None = None,
-                 host: str | None = None, log_dir: Path | None = None) -> None:
+                 host: str | None = None, log_dir: Path | None = None, notices: Sequence[str] = ()) -> None:
         self.spec = spec
         self.name = spec.name
         self.space = space
@@ -153,6 +154,7 @@ class StudyDriver:
         self.log_dir = log_dir or log_dir_for(spec)    # trial logs (the daemon: one folder per host and study)
         self.progress = progress or Progress(spec.name, spec.objectives, n_trials, live=live)
         self.heartbeats = heartbeats
+        self.notices = list(notices)      # one line each: knobs this engine lacks, dropped before the study
         self.tag_phases = False           # prefix phase lines with the trial (set when trials overlap)
         self.stop_reason: str | None = None
         self.cancelled = False
@@ -202,6 +204,8 @@ class StudyDriver:
             self.heartbeats = Heartbeats(self.store.engine, host=self.host).start()
             self._own_heartbeats = True
         self.progress.__enter__()
+        for line in self.notices:
+            self.progress.message(line)
         self._opened = True
         self.recover()
         search_hooks.open_policy(self)   # dedupe, learned limits, early stop, the twin (tuner/search_hooks.py)
@@ -408,20 +412,22 @@ class StudyDriver:
             # Optuna records is what ran.
             params = self.space.suggest(trial, only=trial.user_attrs.get("enqueued"))
             flags = mapping_to_flags(self.spec.baseline or {}) if role == "baseline" else self.space.render(params)
+            env = {} if role == "baseline" else self.space.render_env(params)
             violations = (self.space.violations(params, self.fixed_flags, self.spec.num_gpus)
                           if role != "baseline" else [])
             job = TrialJob(study=self.spec.name, number=trial.number, trial_id=trial._trial_id, role=role,
                            params=params, flags=flags, n_gpus=layout_gpus([*self.fixed_flags, *flags]),
                            exclusive=bool(getattr(self.spec, "exclusive", False)), violations=violations,
-                           started_at=utcnow(), trial=trial)
+                           env=env, started_at=utcnow(), trial=trial)
             self._running[job.number] = job
-            self.progress.trial_started(trial.number, role, self.complete_count(), flags)
+            self.progress.trial_started(trial.number, role, self.complete_count(),
+                                        [*flags, *(f"{k}={v}" for k, v in env.items())])
             self.store.save_trial(self.record.id, trial.number, state="running", optuna_trial_id=trial._trial_id,
                                   role=role, params=params, flags=flags, engine_version=self.engine_version,
                                   hardware=self.hardware, workload=self.spec.workload,
                                   spec_hash=self.spec.identity_hash(), started_at=job.started_at,
-                                  host=self.host, identity=self.identity)
-            if search_hooks.screen(self, trial, role, params, flags, self.progress):   # told, not launched
+                                  host=self.host, identity=self.identity, env=env or None)
+            if search_hooks.screen(self, trial, role, params, with_env(flags, env), self.progress):   # told, not launched
                 self._running.pop(job.number, None)
                 self.heartbeats.untrack(str(trial._trial_id))
                 return None
@@ -451,14 +457,16 @@ class StudyDriver:
             hint = search_hooks.capacity_hint(self, job.flags)   # the search starts near the study's capacities
         warm = self.warm if self.warm is not None and self.warm.pending() else None
         return self.runner.run(job.number, job.flags, [], phase, lease=lease, stopper=stopper, hint=hint,
-                               before_load=(lambda: warm.wait(phase)) if warm is not None else None)
+                               before_load=(lambda: warm.wait(phase)) if warm is not None else None,
+                               env=job.env)
 
     def finish(self, job: TrialJob, lease: Lease | None, outcome: TrialOutcome) -> None:
         """Tell Optuna and store the evidence (thread-safe)."""
         with self._lock:
             try:
                 self._tell(job, outcome, lease)
-                search_hooks.after_tell(self, job.number, job.params, job.flags, outcome, self.progress)
+                search_hooks.after_tell(self, job.number, job.params, job.flags, outcome, self.progress,
+                                        launch=with_env(job.flags, job.env))
             finally:
                 self._running.pop(job.number, None)
                 assert self.heartbeats is not None

@@ -51,7 +51,8 @@ class SearchPolicy:
 
     # -- before a launch ----------------------------------------------------------------------------
     def screen(self, params: Mapping[str, Any], flags: Sequence[str], role: str) -> Screen | None:
-        """None when the candidate should launch. Confirmation repeats are never screened."""
+        """None when the candidate should launch. Confirmation repeats are never screened. `flags` is the
+        launch's identity: its flags with its env knobs (dedupe.with_env)."""
         if role == "confirm":
             return None
         if self.dedupe and (n := self.seen.earlier(flags)) is not None:
@@ -73,7 +74,7 @@ class SearchPolicy:
         def accept(cand: dict[str, Any]) -> bool:
             if self.space.violations(cand, self.fixed_flags, self.num_gpus):
                 return False
-            return self.screen(cand, self.space.render(cand), "search") is None
+            return self.screen(cand, self.space.launch_key(cand), "search") is None
 
         return random_candidate(self.space.params, self.space._ordered(), self.rng, accept)
 

@@ -21,7 +21,7 @@ from optuna.trial import TrialState
 
 from autotune import causes
 from autotune.bench.capacity import study_hint
-from autotune.flags import flags_to_mapping
+from autotune.flags import flags_to_mapping, with_env
 from autotune.store.models import utcnow
 from autotune.tuner.host import catalog_gpu_name, nvml_gpus
 from autotune.tuner.narrowing import Limit
@@ -54,7 +54,7 @@ def open_policy(loop: Any) -> None:
         loop.policy.limits.add(Limit.from_json(doc))
     for rec in loop.store.trials(loop.record.id):
         if rec.state not in ("running", "interrupted", DUPLICATE):
-            loop.policy.ran(rec.flags or [], rec.number)
+            loop.policy.ran(with_env(rec.flags or [], rec.env), rec.number)
     loop.twin, loop.ranking = None, None
     ws = spec.warm_start
     # On by default for real engines; on the simulator only when asked (the twin ranking itself).
@@ -123,8 +123,9 @@ def _rank_and_enqueue(loop: Any, progress: Any) -> None:
         loop.study.set_user_attr(RANKING_ATTR, ranking.values)
         loop.ranking = ranking
         for pick in picks:
+            # knobs the twin does not model are named but not fixed: the sampler draws them for the pick
             loop.study.enqueue_trial(pick.params, user_attrs={
-                "role": "warm_start", "enqueued": sorted(pick.params), "twin_rank": pick.rank,
+                "role": "warm_start", "enqueued": sorted([*pick.params, *pick.sampled]), "twin_rank": pick.rank,
                 "twin_predicted": pick.predicted})
         # trials predicted before the ranking existed (the baseline) get their rank now
         for number, rec in loop.store.predictions(loop.record.id).items():
@@ -221,10 +222,11 @@ def capacity_hint(loop: Any, flags: list[str] | None = None) -> tuple[float, flo
 
 
 def after_tell(loop: Any, number: int, params: dict[str, Any], flags: list[str], outcome: Any,
-               progress: Any) -> None:
+               progress: Any, launch: list[str] | None = None) -> None:
+    """`launch`: the flags with the env knobs (flags.with_env), what deduplication remembers."""
     if outcome.cause == causes.INTERRUPTED:
         return
-    loop.policy.ran(flags, number)
+    loop.policy.ran(launch if launch is not None else flags, number)
     if outcome.state == "failed":
         lim = loop.policy.learn(number, outcome.cause, outcome.detail, params, flags)
         if lim is not None:

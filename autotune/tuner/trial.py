@@ -106,7 +106,7 @@ class TrialRunner:
     def run(self, number: int, flags: Sequence[str], violations: Sequence[str], phase: Phase,
             lease: Lease | None = None, *, seed: int | None = None, log_name: str | None = None,
             stopper: Any = None, claim: float | None = None, hint: tuple[float, float | None] | None = None,
-            before_load: Callable[[], None] | None = None) -> TrialOutcome:
+            before_load: Callable[[], None] | None = None, env: dict[str, str] | None = None) -> TrialOutcome:
         """`stopper` (tuner/earlystop.EarlyStop) may end the capacity search early. `seed` replaces the spec's prompt seed (a confirmation round draws fresh prompts); `log_name`
         replaces the server log's file name (a confirmation repeat must not overwrite its trial's log);
         `claim` is a load whose pass or fail the capacity search must settle (the first run's highest met
@@ -115,7 +115,8 @@ class TrialRunner:
         request, so that work overlapping the server's start (the twin's ranking) ends before the load.
         With a lease: the lease's GPUs (CUDA_VISIBLE_DEVICES), its HTTP port and a block of internal
         ports, the server and this thread (the load client) pinned to its cores, telemetry over its GPUs
-        only. Without one: the study's GPUs and any free port, as a single trial always ran."""
+        only. Without one: the study's GPUs and any free port, as a single trial always ran. `env`: what the
+        candidate's env knobs set, on top of the study's engine.env."""
         rejected = self.precheck(flags, violations)
         if rejected is not None:
             return rejected
@@ -125,7 +126,7 @@ class TrialRunner:
         all_flags = [*self.fixed_flags, *flags]
         log_path = self.log_dir / (log_name or f"trial-{number:04d}.log")
         gpus = list(lease.gpus) if lease is not None else list(self.spec.gpus)
-        env = dict(self.spec.engine.env)
+        env = {**self.spec.engine.env, **(env or {})}
         cores: tuple[int, ...] = ()
         client_cores: tuple[int, ...] = ()
         if lease is not None:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 from autotune.space import SearchSpace
+from autotune.space.space import without_orphans
 from autotune.tuner.dedupe import draw, flags_key
 
 Predictor = Callable[[Mapping[str, Any]], "dict[str, float] | None"]   # params -> predicted objectives
@@ -34,6 +35,7 @@ class Pick:
     params: dict[str, Any]
     rank: int                       # 1 = the twin's best of the candidates it ranked
     predicted: dict[str, float]
+    sampled: list[str] = field(default_factory=list)   # knobs the twin does not model: the sampler draws them
 
 
 @dataclass
@@ -56,6 +58,7 @@ def warm_start_picks(space: SearchSpace, fixed_flags: Sequence[str], num_gpus: i
     """Rank `n` distinct random candidates (inside the known constraints) by the twin's `objective`
     and return `k` picks with distinct flags: the best, spread over the candidates that tie with it
     (`_spread`). Candidates the twin says cannot start are dropped."""
+    space, unmodelled = modelled_subspace(space)
     rng = random.Random(seed)
     order = space._ordered()
     scored: list[tuple[float, dict[str, Any], dict[str, float]]] = []
@@ -74,7 +77,18 @@ def warm_start_picks(space: SearchSpace, fixed_flags: Sequence[str], num_gpus: i
         scored.append((float(pred[objective]), cand, pred))
     scored.sort(key=lambda s: -s[0] if maximize else s[0])
     ranking = Ranking(objective, maximize, [s[0] for s in scored])
-    return [Pick(scored[i][1], i + 1, scored[i][2]) for i in _spread(space, scored, k, maximize)], ranking
+    return [Pick(scored[i][1], i + 1, scored[i][2], unmodelled) for i in _spread(space, scored, k, maximize)], ranking
+
+
+def modelled_subspace(space: SearchSpace) -> tuple[SearchSpace, list[str]]:
+    """The knobs the twin models (perfmodel/knobs.py), and the names of the others. The twin predicts the
+    same for every value of a knob it does not model: ranking over one would read "no effect" where
+    nothing is known, so the ranking leaves such knobs (and knobs conditional on them) to the sampler."""
+    from autotune.perfmodel.knobs import modelled
+
+    keep = without_orphans({n: p for n, p in space.params.items() if modelled(p.knobs())})
+    sub = SearchSpace(keep, list(space.fixed_flags), space.source, space.model_max_len)
+    return sub, [n for n in space.params if n not in keep]
 
 
 def _spread(space: SearchSpace, scored: Sequence[tuple[float, dict[str, Any], Any]], k: int,

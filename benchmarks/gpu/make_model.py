@@ -21,6 +21,9 @@ SHAPE = dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num
 
 def main(out: Path) -> None:
     if (out / "config.json").is_file() and any(out.glob("*.safetensors")):
+        from autotune.demo_model import RANDOM_WEIGHTS_NOTE
+        from autotune.spec import RANDOM_WEIGHTS_MARKER
+        (out / RANDOM_WEIGHTS_MARKER).write_text(RANDOM_WEIGHTS_NOTE)   # a model made before the marker existed
         print(f"{out}: already there")
         return
     import torch
@@ -42,6 +45,9 @@ def main(out: Path) -> None:
         model = LlamaForCausalLM(config).to(torch.bfloat16)
     n = sum(p.numel() for p in model.parameters())
     model.save_pretrained(out, max_shard_size="4GB", safe_serialization=True)
+    from autotune.demo_model import RANDOM_WEIGHTS_NOTE
+    from autotune.spec import RANDOM_WEIGHTS_MARKER
+    (out / RANDOM_WEIGHTS_MARKER).write_text(RANDOM_WEIGHTS_NOTE)
     print(f"{out}: {n / 1e9:.2f} B parameters")
 
 

@@ -10,7 +10,7 @@ import pytest
 from autotune.demo_model import write_demo_model
 from autotune.errors import UserError
 
-FILES = {"config.json", "generation_config.json", "model.safetensors", "special_tokens_map.json",
+FILES = {"RANDOM_WEIGHTS", "config.json", "generation_config.json", "model.safetensors", "special_tokens_map.json",
          "tokenizer.json", "tokenizer_config.json"}
 
 

@@ -127,6 +127,16 @@ def test_composite_layouts_never_ask_for_more_gpus_than_given():
         study.tell(trial, 0.0)
 
 
-def test_spaces_without_composite_choices_keep_their_fingerprint():
-    # resumed studies compare fingerprints: adding composite choices must not move the old ones
-    assert SearchSpace.load("default").narrowed(1, False).fingerprint() == "7f44934b2792ec0b"
+OLD_DEFAULT_ONE_GPU = {"params": {
+    "gpu_memory_utilization": {"type": "float", "low": 0.80, "high": 0.97, "step": 0.01, "default": 0.92},
+    "max_num_seqs": {"type": "int", "low": 16, "high": 1024, "log": True, "default": 1024},
+    "max_num_batched_tokens": {"type": "int", "low": 1024, "high": 32768, "log": True, "default": 8192},
+    "enable_chunked_prefill": {"type": "bool", "default": True},
+    "enable_prefix_caching": {"type": "bool", "default": True}}}
+
+
+def test_spaces_without_the_new_keys_keep_their_fingerprint():
+    # resumed studies compare fingerprints: new keys (composite choices, env, opt_in, json) must not move a
+    # space that uses none of them. The default space itself grew (issue 24): its fingerprint moved on purpose.
+    assert SearchSpace.from_mapping(OLD_DEFAULT_ONE_GPU, "t").narrowed(1, False).fingerprint() == "7f44934b2792ec0b"
+    assert SearchSpace.load("default").narrowed(1, False).fingerprint() != "7f44934b2792ec0b"

@@ -1,0 +1,153 @@
+"""What each knob did to each objective, from the trials that were measured (never a failed trial and
+never the placeholder values Optuna was told for one): its importance (PED-ANOVA, report/importance.py)
+beside a direction and a size a person can act on, and the number of trials each rests on.
+
+- A knob with a few values (a switch, a choice, a handful of sizes): each value's median against the
+  median of the value the baseline ran (vLLM's default) or, without one, the most common value.
+- A knob with many values (a memory fraction, a token budget): the median of the trials above the knob's
+  median value against those at or below it ("higher -> x1.12").
+
+These are associations across the study's trials, not controlled comparisons: the sampler moved other
+knobs at the same time. With fewer than MIN_GROUP trials on either side, or MIN_KNOB_TRIALS in all, a
+knob's effect reads "too few trials" instead of a number.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass, field
+from typing import Any, Mapping, Sequence
+
+from autotune.report.importance import measured
+from autotune.store.models import StudyRecord, TrialRecord
+
+MIN_GROUP = 3          # trials on each side of a comparison
+MIN_KNOB_TRIALS = 6    # trials that set the knob at all
+FEW_VALUES = 6         # a knob with at most this many distinct values is compared value by value
+TOO_FEW = "too few trials"
+
+
+@dataclass
+class Group:
+    label: str           # "64", "on", "> 256"
+    n: int
+    median: float
+
+
+@dataclass
+class KnobEffect:
+    knob: str
+    objective: str
+    direction: str                        # maximize | minimize
+    n: int                                # measured trials that set the knob
+    importance: float | None = None       # PED-ANOVA, when computable
+    reference: Group | None = None        # what the others are compared against
+    groups: list[Group] = field(default_factory=list)
+    best: Group | None = None             # the group with the largest gain for this objective
+    ratio: float | None = None            # best.median / reference.median (None: too few trials)
+
+    @property
+    def too_few(self) -> bool:
+        return self.ratio is None
+
+    @property
+    def helps(self) -> bool | None:
+        if self.ratio is None:
+            return None
+        return self.ratio > 1.0 if self.direction == "maximize" else self.ratio < 1.0
+
+    def text(self) -> str:
+        """`higher -> x1.12 (better), 5 vs 6 trials` or `64 -> x0.91 (worse) vs 16, 4 vs 7 trials`."""
+        if self.ratio is None or self.best is None or self.reference is None:
+            return f"{TOO_FEW} ({self.n})"
+        verdict = "better" if self.helps else ("same" if self.ratio == 1.0 else "worse")
+        against = "" if self.best.label.startswith(">") else f" vs {self.reference.label}"
+        what = "higher" if self.best.label.startswith(">") else self.best.label
+        return f"{what} -> x{self.ratio:.3g} ({verdict}){against}, {self.best.n} vs {self.reference.n} trials"
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "too_few": self.too_few, "helps": self.helps, "text": self.text()}
+
+
+def _label(value: Any) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def _numeric(values: Sequence[Any]) -> bool:
+    return all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+
+
+def knob_effects(study: StudyRecord, trials: Sequence[TrialRecord],
+                 importances: Mapping[str, Mapping[str, float]] | None = None) -> list[KnobEffect]:
+    """One KnobEffect per (knob, objective), knobs by importance on the first objective (then by size)."""
+    rows = measured(trials)
+    baseline = next((t for t in rows if t.role == "baseline"), None)
+    knobs = list(dict.fromkeys(k for t in rows for k in (t.params or {})))
+    out: list[KnobEffect] = []
+    for knob in knobs:
+        for name, direction in study.objectives:
+            pairs = [(t.params[knob], float(t.objectives[name])) for t in rows
+                     if knob in (t.params or {}) and name in (t.objectives or {})]
+            if len({_label(v) for v, _ in pairs}) < 2:
+                continue    # the knob never moved among measured trials: nothing to say
+            imp = (importances or {}).get(name, {}).get(knob)
+            effect = KnobEffect(knob, name, direction, len(pairs), imp)
+            default = (baseline.params or {}).get(knob) if baseline is not None else None
+            _fill(effect, pairs, default)
+            out.append(effect)
+    first = study.objectives[0][0] if study.objectives else None
+    rank = {e.knob: (e.importance if e.importance is not None else -1.0,
+                     abs((e.ratio or 1.0) - 1.0)) for e in out if e.objective == first}
+    return sorted(out, key=lambda e: tuple(-x for x in rank.get(e.knob, (-1.0, 0.0))))
+
+
+def _fill(effect: KnobEffect, pairs: list[tuple[Any, float]], default: Any) -> None:
+    values = [v for v, _ in pairs]
+    distinct = {_label(v) for v in values}
+    if _numeric(values) and len(distinct) > FEW_VALUES:
+        cut = statistics.median(float(v) for v in values)
+        low = [y for v, y in pairs if float(v) <= cut]
+        high = [y for v, y in pairs if float(v) > cut]
+        effect.reference = Group(f"<= {cut:g}", len(low), statistics.median(low) if low else float("nan"))
+        effect.groups = [Group(f"> {cut:g}", len(high), statistics.median(high) if high else float("nan"))]
+    else:
+        by: dict[str, list[float]] = {}
+        for v, y in pairs:
+            by.setdefault(_label(v), []).append(y)
+        ref = _label(default) if default is not None and _label(default) in by else max(by, key=lambda k: len(by[k]))
+        effect.reference = Group(ref, len(by[ref]), statistics.median(by[ref]))
+        effect.groups = [Group(k, len(ys), statistics.median(ys)) for k, ys in by.items() if k != ref]
+    ok = [g for g in effect.groups if g.n >= MIN_GROUP]
+    if effect.n < MIN_KNOB_TRIALS or effect.reference.n < MIN_GROUP or not ok or not effect.reference.median:
+        return
+    sign = 1.0 if effect.direction == "maximize" else -1.0
+    effect.best = max(ok, key=lambda g: sign * g.median)
+    effect.ratio = effect.best.median / effect.reference.median
+
+
+def effect_rows(effects: Sequence[KnobEffect], objectives: Sequence[str]) -> list[list[str]]:
+    """[knob, trials, then per objective: importance and effect], for `show` and the report."""
+    by = {(e.knob, e.objective): e for e in effects}
+    rows = []
+    for knob in dict.fromkeys(e.knob for e in effects):
+        n = max(e.n for e in effects if e.knob == knob)
+        cells = [knob, str(n)]
+        for name in objectives:
+            e = by.get((knob, name))
+            if e is None:
+                cells += ["-", "-"]
+                continue
+            cells += ["-" if e.importance is None else f"{e.importance:.2f}", e.text()]
+        rows.append(cells)
+    return rows
+
+
+NOTE = ("knob effects over measured trials only (failed trials and their placeholder values left out): "
+        "importance = PED-ANOVA share; effect = median of the trials at the best-doing value (or above the "
+        "knob's median) against those at the baseline's value (or at or below it), as a ratio. An "
+        f"association, not a controlled test: other knobs moved too. Fewer than {MIN_GROUP} trials on a side "
+        f"or {MIN_KNOB_TRIALS} in all: '{TOO_FEW}'.")

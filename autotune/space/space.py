@@ -118,7 +118,7 @@ class SearchSpace:
                     continue
                 p = ParamSpec(**{**p.__dict__, "choices": choices})
             keep[p.name] = p
-        return SearchSpace(without_orphans(keep), list(self.fixed_flags), self.source, self.model_max_len)
+        return SearchSpace(without_orphans(keep, self.params), list(self.fixed_flags), self.source, self.model_max_len)
 
     def supported(self, unknown: Callable[[Sequence[str]], Sequence[str]]) -> tuple["SearchSpace", list[str]]:
         """The space without the flags this engine lacks, and one notice line per knob (or composite
@@ -151,7 +151,7 @@ class SearchSpace:
                                "dropped, never sent")
                 continue
             keep[p.name] = p
-        kept = without_orphans(keep)
+        kept = without_orphans(keep, self.params)
         notices += [f"knob {n} dropped with its parent" for n in keep if n not in kept]
         return SearchSpace(kept, list(self.fixed_flags), self.source, self.model_max_len), notices
 
@@ -210,7 +210,8 @@ class SearchSpace:
                 notices.append(f"knob {p.name} dropped: {why}")
                 continue
             keep[p.name] = p
-        return SearchSpace(without_orphans(keep), list(self.fixed_flags), self.source, self.model_max_len), notices
+        return SearchSpace(without_orphans(keep, self.params), list(self.fixed_flags), self.source,
+                           self.model_max_len), notices
 
     def render(self, params: Mapping[str, Any]) -> list[str]:
         out: list[str] = []
@@ -262,15 +263,34 @@ def _flag_list(layout: Mapping[str, Any]) -> list[str]:
     return [f for f in mapping_to_flags(layout) if f.startswith("--")]
 
 
-def without_orphans(params: dict[str, ParamSpec]) -> dict[str, ParamSpec]:
-    """Without the conditional params whose parent is gone (repeatedly: a chain goes as a whole)."""
+def without_orphans(params: dict[str, ParamSpec], every: Mapping[str, ParamSpec] | None = None) -> dict[str, ParamSpec]:
+    """Settle the conditional params whose parent is gone. A parent that is not searched is left to vLLM,
+    i.e. at its default (in `every`, the params before the cut): a child active at that default stays,
+    without the condition (the memory fraction stays when the engine lacks --kv-cache-memory-bytes); any
+    other child goes, as does one whose parent kept none of the values that activate it. Repeated, so a
+    chain settles as a whole."""
     keep = dict(params)
+    every = every or {}
     while True:
-        gone = [n for n, p in keep.items() if any(parent not in keep for parent in p.when)]
-        if not gone:
+        changed = False
+        for name, p in list(keep.items()):
+            dead = [parent for parent, allowed in p.when.items() if parent in keep and keep[parent].choices
+                    and not set(allowed) & set(keep[parent].choices)]
+            if dead:   # the parent kept none of the values that activate it (a layout choice went)
+                del keep[name]
+                changed = True
+                continue
+            gone = [parent for parent in p.when if parent not in keep]
+            if not gone:
+                continue
+            changed = True
+            if all(parent in every and every[parent].default is not None and every[parent].default in p.when[parent]
+                   for parent in gone):
+                keep[name] = ParamSpec(**{**p.__dict__, "when": {k: v for k, v in p.when.items() if k not in gone}})
+            else:
+                del keep[name]
+        if not changed:
             return keep
-        for n in gone:
-            del keep[n]
 
 
 def _extended(raw: Mapping[str, Any], source: str, base_dir: Path | None, seen: tuple[str, ...]) -> dict[str, Any]:

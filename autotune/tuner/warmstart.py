@@ -83,10 +83,11 @@ def warm_start_picks(space: SearchSpace, fixed_flags: Sequence[str], num_gpus: i
 def modelled_subspace(space: SearchSpace) -> tuple[SearchSpace, list[str]]:
     """The knobs the twin models (perfmodel/knobs.py), and the names of the others. The twin predicts the
     same for every value of a knob it does not model: ranking over one would read "no effect" where
-    nothing is known, so the ranking leaves such knobs (and knobs conditional on them) to the sampler."""
+    nothing is known, so the ranking leaves such knobs to the sampler (the twin ranks at their defaults;
+    a knob conditional on one is ranked only where that default activates it)."""
     from autotune.perfmodel.knobs import modelled
 
-    keep = without_orphans({n: p for n, p in space.params.items() if modelled(p.knobs())})
+    keep = without_orphans({n: p for n, p in space.params.items() if modelled(p.knobs())}, space.params)
     sub = SearchSpace(keep, list(space.fixed_flags), space.source, space.model_max_len)
     return sub, [n for n in space.params if n not in keep]
 

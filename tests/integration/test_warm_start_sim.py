@@ -7,10 +7,17 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+import optuna
+
 
 def test_the_baseline_starts_while_the_twin_ranks_and_its_load_waits_for_the_ranking(autotune_run, sim_spec,
                                                                                      tmp_path: Path) -> None:
-    spec = sim_spec("warm", confirm={"enabled": False}, warm_start={"from": "twin", "k": 2, "candidates": 100})
+    # stream_interval: a knob the twin does not model (perfmodel/knobs.py), left to the sampler in the picks
+    space = {"params": {"gpu_memory_utilization": {"type": "float", "low": 0.8, "high": 0.95},
+                        "max_num_seqs": {"type": "int", "low": 8, "high": 256, "log": True},
+                        "stream_interval": {"type": "categorical", "choices": [1, 4, 16], "default": 1}}}
+    spec = sim_spec("warm", confirm={"enabled": False}, warm_start={"from": "twin", "k": 2, "candidates": 100},
+                    search_space=space)
     run = autotune_run(["run", "--study", str(spec), "--n-trials", "3", "--no-progress"], tmp_path)
     assert run.finish(300) == 0, "\n".join(run.lines)
     lines = run.lines
@@ -27,3 +34,9 @@ def test_the_baseline_starts_while_the_twin_ranks_and_its_load_waits_for_the_ran
     with sqlite3.connect(tmp_path / "warm.db") as conn:
         roles = [r for (r,) in conn.execute("select role from autotune_trials order by number")]
     assert roles == ["baseline", "warm_start", "warm_start"]
+    study = optuna.load_study(study_name="warm", storage=f"sqlite:///{tmp_path}/warm.db")
+    for t in study.trials[1:]:
+        fixed = t.system_attrs.get("fixed_params") or {}
+        # the twin fixed what it models; the sampler drew the rest: the pick still ran with a value
+        assert "max_num_seqs" in fixed and "stream_interval" not in fixed, t.system_attrs
+        assert "stream_interval" in t.params and "stream_interval" in t.user_attrs["enqueued"]

@@ -1,0 +1,62 @@
+"""Per-knob effects for the user (report/effects.py): from measured trials only, a direction and a size
+with the trials they rest on, and "too few trials" below the threshold."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from autotune.report.effects import MIN_GROUP, TOO_FEW, effect_rows, knob_effects
+
+STUDY = SimpleNamespace(objectives=[["capacity_tps", "maximize"], ["p50_tpot_ms", "minimize"]])
+
+
+def _t(number, params, tps=None, tpot=None, state="ok", role="search"):
+    objectives = {} if tps is None else {"capacity_tps": tps, "p50_tpot_ms": tpot}
+    return SimpleNamespace(number=number, role=role, state=state, params=params, objectives=objectives)
+
+
+def _by(effects, knob, objective):
+    return next(e for e in effects if e.knob == knob and e.objective == objective)
+
+
+def test_a_switch_gets_its_direction_and_size_against_the_baselines_value():
+    trials = [_t(0, {"prefix": True, "seqs": 64}, 100, 10, role="baseline")]
+    trials += [_t(i, {"prefix": True, "seqs": 64 + i}, 100 + i, 10) for i in range(1, 4)]
+    trials += [_t(i, {"prefix": False, "seqs": 64 + i}, 150 + i, 12) for i in range(4, 8)]
+    # failures and placeholders never count: a failed trial has no measured values
+    trials += [_t(8, {"prefix": False, "seqs": 999}, state="failed"), _t(9, {"prefix": False}, 1e9, 0.1, state="failed")]
+    effects = knob_effects(STUDY, trials)
+    tps = _by(effects, "prefix", "capacity_tps")
+    assert tps.reference.label == "on" and tps.reference.n == 4 and tps.best.label == "off" and tps.best.n == 4
+    assert tps.n == 8 and tps.helps is True
+    assert abs(tps.ratio - 155.5 / 101.5) < 1e-9
+    assert tps.text() == "off -> x1.53 (better) vs on, 4 vs 4 trials"
+    tpot = _by(effects, "prefix", "p50_tpot_ms")       # minimize: off raised the median TPOT 10 -> 12 ms
+    assert tpot.best.label == "off" and tpot.ratio == 1.2 and tpot.helps is False
+    assert tpot.text() == "off -> x1.2 (worse) vs on, 4 vs 4 trials"
+
+
+def test_a_knob_with_many_values_is_split_at_its_median():
+    trials = [_t(i, {"gmu": 0.80 + 0.01 * i}, 100 + (50 if i >= 5 else 0), 10) for i in range(10)]
+    e = _by(knob_effects(STUDY, trials), "gmu", "capacity_tps")
+    assert e.best.label.startswith(">") and e.reference.label.startswith("<=")
+    assert e.ratio == 1.5 and e.text().startswith("higher -> x1.5 (better), 5 vs 5 trials")
+
+
+def test_few_trials_say_so_instead_of_a_number():
+    trials = [_t(0, {"prefix": True}, 100, 10, role="baseline"), _t(1, {"prefix": False}, 300, 10),
+              _t(2, {"prefix": False}, 310, 10), _t(3, {"prefix": True}, 110, 10)]
+    e = _by(knob_effects(STUDY, trials), "prefix", "capacity_tps")
+    assert e.too_few and e.ratio is None and e.text() == f"{TOO_FEW} (4)"
+    # enough trials in all but too few on one side
+    lopsided = [_t(i, {"prefix": i > 0}, 100 + i, 10) for i in range(8)]
+    e = _by(knob_effects(STUDY, lopsided), "prefix", "capacity_tps")
+    assert e.reference.n == 7 and e.groups[0].n == 1 < MIN_GROUP and e.too_few
+
+
+def test_knobs_that_never_moved_are_left_out_and_rows_carry_importance():
+    trials = [_t(i, {"fixed": 1, "prefix": i % 2 == 0}, 100 + 10 * (i % 2), 10) for i in range(8)]
+    effects = knob_effects(STUDY, trials, {"capacity_tps": {"prefix": 0.8}})
+    assert {e.knob for e in effects} == {"prefix"}
+    rows = effect_rows(effects, ["capacity_tps", "p50_tpot_ms"])
+    assert rows[0][:3] == ["prefix", "8", "0.80"] and "trials" in rows[0][3]

@@ -26,6 +26,7 @@ from autotune.export.formats import knob_env, vllm_yaml
 from autotune.export.kit_scripts import DEBUG, DEPLOY, LIBRARY, SMOKE, STOP
 from autotune.export.options import ExportContext
 from autotune.flags import flags_to_mapping
+from autotune.report.provenance import provenance_lines
 
 # names the kit itself uses (and the environment's own): a flag with one of these names gets FLAG_
 RESERVED = {"MODEL", "HOST", "PORT", "RUN_DIR", "STARTUP_TIMEOUT", "STOP_TIMEOUT", "SMOKE_LOAD", "SMOKE_REQUESTS",
@@ -170,6 +171,8 @@ def readme(ctx: ExportContext) -> str:
         out += ["**SIMULATED**: these numbers come from autotune's simulator, not from vLLM on real hardware.", ""]
     if quality:
         out += [f"**WARNING: changes output quality: {', '.join(quality)}** - validate accuracy before deploying.", ""]
+    out += [f"**{line}**" if line.startswith("SPECULATIVE") else line for line in provenance_lines(ctx.study, t)]
+    out += [""] if provenance_lines(ctx.study, t) else []
     out += [f"Model `{ctx.study.model}`, SLO `{ctx.study.slo}`, workload `{workload_text(ctx)}`.", "",
             "| | |", "| --- | --- |", *[f"| {k} | {v} |" for k, v in rows], "",
             "```sh", "./deploy.sh                 # start in the background, wait for /health",

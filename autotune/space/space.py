@@ -311,5 +311,13 @@ def _extended(raw: Mapping[str, Any], source: str, base_dir: Path | None, seen: 
         raise UserError(f"search space {source}: drop names {missing[0]!r}, which {raw['extends']} does not have")
     params: dict[str, Any] = {n: p for n, p in base.raw_params.items() if n not in drop}
     params.update({str(k): v for k, v in own.items()})
+    # a base knob conditional on a dropped one: kept without the condition when the dropped knob's default
+    # (what vLLM then runs) activates it, else dropped too (overridden knobs are the user's to state)
+    settled = without_orphans({n: base.params[n] for n in params if n in base.params}, base.params)
+    for name in [n for n in params if n in base.params and n not in own]:
+        if name not in settled:        # conditional on a dropped knob at a value it never takes now
+            del params[name]
+        elif settled[name].when != base.params[name].when:   # a dropped parent, left at its default
+            params[name] = {**params[name], "when": {k: list(v) for k, v in settled[name].when.items()}}
     fixed = raw.get("fixed") if raw.get("fixed") is not None else flags_to_mapping(base.fixed_flags)
     return {"params": params, "fixed": fixed, "description": raw.get("description", "")}

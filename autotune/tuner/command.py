@@ -7,6 +7,7 @@ engine is launched: a typo costs a one-line error, not a half-written study or a
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shlex
 import time
@@ -141,6 +142,9 @@ def prepare_spec(raw: dict[str, Any], source: str, base_dir: Path | None) -> dic
     if clash:
         raise UserError(f"engine.env sets {clash[0]}, which the search space searches (an env knob); "
                         "remove one of them")
+    inherited = sorted(n for n in space.env_names() if n in os.environ)
+    if inherited:   # the server inherits autotune's environment: an env knob's "unset" would not be unset
+        raise UserError(f"{inherited[0]} is set in this environment and searched as an env knob; unset it here")
     source = telemetry_for(spec)
     check_objectives(spec, source)
     timeout_s = parse_duration(spec.budget.timeout) if spec.budget.timeout is not None else None

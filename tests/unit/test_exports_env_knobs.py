@@ -131,6 +131,9 @@ def test_speculative_figures_carry_their_acceptance_and_the_random_weight_label(
         assert "SPECULATIVE DECODING measured on random weights" in _export(store, fmt, tmp_path / f"x.{fmt}")
     doc = json.loads(_export(store, "json", tmp_path / "x.json"))
     assert any("random weights" in line for line in doc["labels"])
+    kit = kit_files(_ctx(store, study))
+    assert "SPECULATIVE DECODING measured on random weights" in kit["README.md"][0]
+    assert "SPECULATIVE DECODING measured on random weights" in kit["deploy.sh"][0]
     html = render_report(store, study)
     assert "SPECULATIVE DECODING measured on random weights and synthetic prompts" in html
     assert "41.2 % of draft tokens accepted" in html

@@ -192,3 +192,25 @@ def test_the_cpu_space_holds_what_the_cpu_build_uses():
     # knobs the CPU build ignores are not searched there
     assert not {"async_scheduling", "max_cudagraph_capture_size", "enable_dbo", "attention_backend"} & set(space.params)
     assert re.fullmatch(r"[0-9a-f]{16}", space.fingerprint())
+
+
+def _sim_raw(tmp_path, **over):
+    raw = {"name": "k", "model": "llama-3.1-8b", "storage": f"sqlite:///{tmp_path}/k.db",
+           "engine": {"kind": "sim", "gpu": "H100", "extra_flags": ["--max-model-len", "4096"]},
+           "search_space": {"params": {"max_num_seqs": {"type": "int", "low": 8, "high": 64},
+                                       "knob": {"type": "bool", "env": "VLLM_TEST_KNOB", "default": False}}}}
+    raw.update(over)
+    return raw
+
+
+def test_an_env_knob_must_be_autotunes_to_set(tmp_path, monkeypatch):
+    from autotune.tuner.command import prepare_spec
+
+    monkeypatch.delenv("VLLM_TEST_KNOB", raising=False)
+    parts = prepare_spec(_sim_raw(tmp_path), "t", None)
+    assert parts["space"].env_names() == ["VLLM_TEST_KNOB"] and parts["notices"] == []
+    with pytest.raises(UserError, match="engine.env sets VLLM_TEST_KNOB"):
+        prepare_spec(_sim_raw(tmp_path, engine={"kind": "sim", "gpu": "H100", "env": {"VLLM_TEST_KNOB": "1"}}), "t", None)
+    monkeypatch.setenv("VLLM_TEST_KNOB", "1")      # inherited by the server: "unset" would not be unset
+    with pytest.raises(UserError, match="set in this environment"):
+        prepare_spec(_sim_raw(tmp_path), "t", None)

@@ -1,0 +1,48 @@
+#!/bin/bash
+# The device side of issue 24 item 5: three studies on one H200 (studies/h200-knobs-{chat,long,decode}.yaml,
+# the 8B-shaped random-weight model, vLLM 0.24 from the shared/gpu bundle), each ending in the
+# confirmation. Every device call (10 minutes at most) first does:
+#   export PYTHONPATH=/tmp/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0
+#   bash benchmarks/gpu/knobs/device.sh models                 # once per machine, background: /tmp/models/llama8b
+#   T0=$(date +%s) bash benchmarks/gpu/knobs/device.sh go chat c1   # a study (chat | long | decode), as far as
+#                                                              # the call allows; the next call resumes it
+#   bash benchmarks/gpu/knobs/device.sh collect chat           # show, report, export into $OUT (no GPU)
+# A study's DB and caches live in /tmp/knobs (kept while the machine stays warm); `go` copies the DB to
+# $OUT after every call, and `go` on a fresh machine with that DB put back at /tmp/knobs/STUDY.db resumes.
+set -u
+export PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0
+T0=${T0:-$(date +%s)}
+LIMIT=${LIMIT:-590}          # the device call's limit; everything here must end inside it
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+D=/tmp/knobs
+
+source benchmarks/gpu/models.sh     # write_models, wait_models, left
+
+models() { write_models "python3 /tmp/msrc/make_model.py /tmp/models/llama8b"; }
+
+go() {   # go STUDY TAG: the study (n_trials from its spec, then the confirmation), until the call's time is up
+  local study=$1 tag=$2
+  wait_models
+  mkdir -p "$D"
+  local soft=$(( $(left) - 50 )) hard=$(( $(left) - 25 ))
+  echo "h200-knobs-$study with --timeout ${soft}s (SIGTERM at ${hard}s)"
+  timeout -s TERM "$hard" python3 -m autotune run --study "studies/h200-knobs-$study.yaml" \
+      --storage "sqlite:///$D/$study.db" --timeout "${soft}s" --no-progress > "$OUT/$study-$tag.log" 2>&1
+  echo "run exit $?"
+  python3 -m autotune show --storage "sqlite:///$D/$study.db" > "$OUT/show-$study-$tag.txt" 2>&1
+  cp "$D/$study.db" "$OUT/$study.db"
+  (cd /tmp && tar czf "$OUT/logs-$study-$tag.tgz" knobs/*-logs 2>/dev/null; nvidia-smi > "$OUT/nvidia-smi-$tag.txt" 2>&1)
+  echo "go $study $tag done, $(left) s left"
+}
+
+collect() {   # collect STUDY: what RESULTS.md quotes (no GPU needed)
+  local study=$1 url="sqlite:///$D/$study.db"
+  python3 -m autotune show --storage "$url" > "$OUT/show-$study.txt" 2>&1
+  python3 -m autotune show --storage "$url" --json > "$OUT/show-$study.json" 2>&1
+  python3 -m autotune report --storage "$url" -o "$OUT/report-$study.html"
+  python3 -m autotune export --storage "$url" --format vllm-yaml -o "$OUT/best-$study.yaml" \
+    || echo "nothing exported for $study (see show)"
+}
+
+step=$1; shift
+"$step" "$@"

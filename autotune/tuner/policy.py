@@ -47,6 +47,7 @@ class SearchPolicy:
         self.seen = Seen()
         self.rng = random.Random(seed)
         self.free_in_a_row = 0
+        self.nothing_new = False     # a random fallback found no candidate: none will later either
         self.layouts = {v: dict(p.layouts[v]) for p in space.params.values() for v in p.layouts}
 
     # -- before a launch ----------------------------------------------------------------------------
@@ -70,13 +71,20 @@ class SearchPolicy:
         return self.seen.note(screened is not None and screened.kind == DUPLICATE)
 
     def fallback(self) -> dict[str, Any] | None:
-        """A random candidate inside the known constraints and the learned limits, never run yet."""
+        """A random candidate inside the known constraints and the learned limits, never run yet. Once
+        the draws found none, later calls return None at once: what they accept only shrinks (more
+        candidates run, limits only tighten), and each search costs DRAW_TRIES checks of the space."""
+        if self.nothing_new:
+            return None
+
         def accept(cand: dict[str, Any]) -> bool:
             if self.space.violations(cand, self.fixed_flags, self.num_gpus):
                 return False
             return self.screen(cand, self.space.launch_key(cand), "search") is None
 
-        return random_candidate(self.space.params, self.space._ordered(), self.rng, accept)
+        cand = random_candidate(self.space.params, self.space._ordered(), self.rng, accept)
+        self.nothing_new = cand is None
+        return cand
 
     @property
     def exhausted(self) -> bool:

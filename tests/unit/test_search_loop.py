@@ -124,7 +124,12 @@ def test_a_failure_that_states_its_limit_narrows_the_space(tmp_path: Path) -> No
     assert stored == [("gpu_memory_utilization", "<=", limit, 0)]
 
 
-def test_duplicates_are_skipped_and_not_counted(tmp_path: Path) -> None:
+def test_duplicates_are_skipped_and_not_counted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from autotune.tuner import policy
+
+    # the study ends after this many proposals in a row settled without a launch (200 in the product: each
+    # is an Optuna trial told and stored, about a minute of this machine for the rule alone)
+    monkeypatch.setattr(policy, "MAX_FREE_IN_A_ROW", 20)
     engine = FailingEngine(lambda flags: (causes.CRASH, "exit code 1"))
     # three distinct configurations (the baseline and two choices) for a budget of four: the sampler must
     # propose duplicates, which are told without a launch, never counted, and end the study once the
@@ -136,6 +141,7 @@ def test_duplicates_are_skipped_and_not_counted(tmp_path: Path) -> None:
     rows = _rows(tmp_path)
     dups = [r for r in rows if r[2] == "duplicate"]
     assert dups and all(r[4].startswith("same flags as trial ") for r in dups)
+    assert len(dups) >= 20                                      # the study stopped by the spent-space rule
 
 
 def test_the_twin_warm_start_enqueues_its_picks_after_the_baseline(tmp_path: Path,

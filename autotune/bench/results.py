@@ -30,7 +30,12 @@ class RequestRecord:
 
     @property
     def tpot_ms(self) -> float | None:
+        """Time per output token after the first; None where it was not measured: one token, or every
+        token read at the same instant (a server or client that fell behind delivers a whole answer in
+        one read, and 0 ms would be reported as the fastest decoding ever seen)."""
         if not self.ok or self.output_tokens <= 1 or self.ttft_ms is None or self.e2el_ms is None:
+            return None
+        if self.e2el_ms <= self.ttft_ms:
             return None
         return (self.e2el_ms - self.ttft_ms) / (self.output_tokens - 1)
 

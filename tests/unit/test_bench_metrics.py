@@ -69,3 +69,12 @@ def test_peak_concurrency_is_a_sweep_not_buckets():
     # three back-to-back requests inside one second: vLLM's per-second buckets would say 3
     records = [rec(0.0, 1, 300.0, 2), rec(0.3, 1, 300.0, 2), rec(0.6, 1, 300.0, 2)]
     assert peak_concurrency(records) == 1
+
+
+def test_a_request_read_in_one_go_has_no_tpot_rather_than_zero():
+    # 16 tokens whose chunks all came in the read that brought the first: no time between tokens was seen
+    lumped = rec(0.0, 120.0, 120.0, 16, itl=[0.0] * 15)
+    assert lumped.tpot_ms is None
+    m = summarize([lumped, rec(0.2, 100.0, 250.0, 16, itl=[10.0] * 15)], duration_s=1.0)
+    assert m["median_tpot_ms"] == pytest.approx(10.0)         # the one request that measured it
+    assert "median_tpot_ms" not in summarize([lumped], duration_s=1.0)   # none measured: no figure, not 0

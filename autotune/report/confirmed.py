@@ -12,6 +12,7 @@ from autotune.tuner.verdict import (NOISE_FLOOR, Confirmed, ObjectiveVerdict, fi
 from autotune.tuner.winner import ExportChoice
 
 NOT_CONFIRMED = "not confirmed"
+SHOWN_LEFT_OUT = 5      # close or flagged trials the confirmation left out, named one a line in `show`
 
 
 def _medians(study: StudyRecord, c: Confirmed) -> str:
@@ -82,10 +83,12 @@ def confirmation_lines(study: StudyRecord, trials: Sequence[TrialRecord], confir
         facts = "; ".join(x for x in (_medians(study, c) or "nothing measured", _first_vs_median(study, c),
                                       load_text(c)) if x)
         lines.append(f"  #{n} ({c.trial.role}{quality}): {len(c.rows)} repeat(s): {facts}; {state}")
-    for t, why in left_out:
+    for t, why in left_out[:SHOWN_LEFT_OUT]:
         lines.append(f"  #{t.number} left out of the confirmation: {why}")
     if left_out:
-        lines.append(f"  (left out: {left_out_note}; `autotune confirm --extra N` repeats more)")
+        more = len(left_out) - SHOWN_LEFT_OUT
+        lines.append(f"  ({f'{more} more left out, listed by show --json; ' if more > 0 else ''}{left_out_note}; "
+                     "`autotune confirm --extra N` repeats more)")
     if any(c.pending for c in confirmed.values()):
         lines.append("CONFIRMATION NOT FINISHED: `autotune confirm` continues it")
         return lines

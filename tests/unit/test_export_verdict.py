@@ -182,6 +182,10 @@ def test_close_and_flagged_first_runs_join_the_confirmation_within_its_budget(tm
     assert [(x["trial"], x["why"].split(",")[0]) for x in shown["confirmation_left_out"]] == [
         (12, "flagged client_saturated"), (9, "flagged wide_bracket")]
     assert "5.7% from the best (#1)" in shown["confirmation_left_out"][0]["why"]
+    trials, rows = store.trials(study.id), store.confirmations(study.id)
+    skipped, note = left_out(study, trials, rows, 1)
+    lines = confirmation_lines(study, trials, summarize_confirmations(study, trials, rows), skipped, note)
+    assert "  #12 left out of the confirmation: flagged client_saturated, first run 5.7% from the best (#1)" in lines
     # a later confirmation keeps every trial that has repeats, whatever the picks say now
     again = pick_candidates(study, store.trials(study.id), 1, 0, store.confirmations(study.id))
     assert {t.number for t in again.candidates} == {1, 7, 5}

@@ -57,6 +57,8 @@ def _build_parser() -> OneLineParser:
     conf.add_argument("--storage", required=True)
     conf.add_argument("--study-name")
     conf.add_argument("--top", type=int, help="candidates to confirm (default: the spec's confirm.top_k)")
+    conf.add_argument("--extra", type=int, help="at most this many more whose first run is within the noise of "
+                                                "the best or flagged (default: the spec's confirm.max_extra)")
     conf.add_argument("--repeats", type=int, help="rounds, at least 3 (default: the spec's confirm.repeats)")
     conf.add_argument("--timeout", help="wall-clock limit, e.g. 20m: a repeat that would not finish in what "
                                         "is left is not started (the next call runs it)")
@@ -72,7 +74,11 @@ def _build_parser() -> OneLineParser:
     exp.add_argument("--study-name")
     exp.add_argument("--format", required=True,
                      choices=["vllm-yaml", "command", "json", "docker", "k8s", "deploy-kit"])
-    exp.add_argument("--trial", type=int, help="trial number (default: best feasible)")
+    exp.add_argument("--trial", type=int, help="trial number (default: the confirmation's choice, else the best "
+                                               "feasible unflagged trial)")
+    exp.add_argument("--output-preserving", action="store_true",
+                     help="the best configuration that does not change output quality (the baseline when none "
+                          "beats it)")
     exp.add_argument("--accept-flagged", action="store_true",
                      help="with --trial: export it even though it carries a measurement flag and is not "
                           "confirmed (the export's header says so)")

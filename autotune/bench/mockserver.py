@@ -9,6 +9,9 @@ Two service models, chosen per server:
   (FIFO). TPOT at a steady batch b is therefore `step_ms + per_seq_ms * b`, which makes the highest
   concurrency meeting a TPOT limit a number known in advance.
 
+`order=random` (batch mode) gives a free slot to a waiting request drawn from a seeded generator
+instead of the longest waiting: the same tokens/s, a longer tail of the TTFT (tests/fixtures/standin_vllm.py
+uses it for a load at which the SLO holds that moves between servers while the tokens/s do not).
 `fail_every=N` answers every Nth request with HTTP 500 (failed-request accounting);
 `reset_cache=false` makes `POST /reset_prefix_cache` a 404, as on a vLLM without dev mode.
 `jit_batch=B` (batch mode) mimics a kernel JIT-compiled under load: once a batch of B or more has run
@@ -42,6 +45,8 @@ class MockConfig:
     step_ms: float = 5.0          # batch mode: fixed cost of a step
     per_seq_ms: float = 0.5       # batch mode: added cost per running sequence
     max_seqs: int = 256           # batch mode: most sequences in one step
+    order: str = "fifo"           # batch mode: which waiting request a free slot takes: fifo | random
+    order_seed: int = 0           # batch mode, order random: the generator's seed
     fail_every: int = 0           # every Nth request fails with HTTP 500 (0: never)
     reset_cache: bool = True      # False: /reset_prefix_cache answers 404
     log_sends: bool = False       # stream mode: keep every chunk's send time
@@ -54,28 +59,35 @@ class MockConfig:
 
 
 @dataclass
-class _Seq:
+class Seq:
     remaining: int
     gone: bool = False            # the client hung up: leave the batch at the next step
     tokens: asyncio.Queue[int | None] = field(default_factory=asyncio.Queue)
 
 
-class _Batcher:
+class Batcher:
     """The `batch` model's scheduler loop."""
 
     def __init__(self, cfg: MockConfig) -> None:
+        import random
+
         self.cfg = cfg
-        self.waiting: deque[_Seq] = deque()
-        self.running: list[_Seq] = []
+        self.rng = random.Random(cfg.order_seed)
+        self.waiting: deque[Seq] = deque()
+        self.running: list[Seq] = []
         self.wake = asyncio.Event()
         self.steps = 0
         self.compiles = 0
         self.jit_armed = True         # re-armed when the server goes idle: one compile per load at most
         self.hot = 0                  # steps at a batch >= jit_batch since the server was last idle
 
-    def submit(self, seq: _Seq) -> None:
+    def submit(self, seq: Seq) -> None:
         self.waiting.append(seq)
         self.wake.set()
+
+    def idle(self) -> bool:
+        """No sequence holds a slot or waits for one (also none whose client hung up)."""
+        return not (self.running or self.waiting)
 
     async def run(self) -> None:
         next_t = time.perf_counter()
@@ -86,7 +98,9 @@ class _Batcher:
                 next_t = time.perf_counter()
                 self.jit_armed, self.hot = True, 0
             while self.waiting and len(self.running) < self.cfg.max_seqs:
-                self.running.append(self.waiting.popleft())
+                i = self.rng.randrange(len(self.waiting)) if self.cfg.order == "random" else 0
+                self.running.append(self.waiting[i])
+                del self.waiting[i]
             compiling = self._compiles()
             next_t += (self.cfg.step_ms + self.cfg.per_seq_ms * len(self.running)
                        + (self.cfg.jit_ms if compiling else 0.0)) / 1000.0
@@ -143,7 +157,7 @@ def build_app(cfg: MockConfig) -> web.Application:
 
     async def on_start(app: web.Application) -> None:
         if cfg.mode == "batch":
-            state["batcher"] = _Batcher(cfg)
+            state["batcher"] = Batcher(cfg)
             state["task"] = asyncio.create_task(state["batcher"].run())
 
     async def on_stop(app: web.Application) -> None:
@@ -161,7 +175,7 @@ def build_app(cfg: MockConfig) -> web.Application:
         if not cfg.reset_cache:
             return web.Response(status=404, text="Not Found")
         b = state.get("batcher")
-        ok = b is None or not (b.running or b.waiting)
+        ok = b is None or b.idle()
         state["resets"].append(ok)
         return web.json_response({"success": ok})
 
@@ -197,7 +211,7 @@ def build_app(cfg: MockConfig) -> web.Application:
         times: list[float] = []
         piece = _chunk(" tok", chat, model)
         if cfg.mode == "batch":
-            seq = _Seq(n_out)
+            seq = Seq(n_out)
             state["batcher"].submit(seq)
             try:
                 while True:

@@ -1,5 +1,5 @@
 """Which trial an export, the report and the deploy kit stand for. One function, so every output names
-the same trial under the same rule (tuner/verdict.export_choice: the best confirmed survivor, else the
+the same trial under the same rule (tuner/winner.export_choice: the confirmation's verdict, else the
 best feasible trial without a measurement flag), or the trial the user names."""
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from autotune.errors import UserError
 from autotune.report.confirmed import export_header
 from autotune.store.models import ConfirmationRecord, StudyRecord, TrialRecord
 from autotune.store.queries import is_feasible
-from autotune.tuner.verdict import ExportChoice, export_choice, summarize_confirmations, unconfirmed_flagged
+from autotune.tuner.verdict import summarize_confirmations
+from autotune.tuner.winner import ExportChoice, export_choice, unconfirmed_flagged
 
 
 @dataclass
@@ -23,10 +24,14 @@ class ExportPick:
 
 
 def exported_trial(study: StudyRecord, trials: Sequence[TrialRecord], rows: Sequence[ConfirmationRecord] = (),
-                   number: int | None = None, accept_flagged: bool = False) -> ExportPick:
+                   number: int | None = None, accept_flagged: bool = False,
+                   output_preserving: bool = False) -> ExportPick:
     """The trial `export` writes: `number` when given (a measured trial, possibly infeasible, with a
     warning; refused when it carries a measurement flag and is not confirmed, unless the user accepts
-    that in so many words), else the rule's choice."""
+    that in so many words), else the rule's choice (`output_preserving`: among the configurations that
+    keep vLLM's output)."""
+    if number is not None and output_preserving:
+        raise UserError("--output-preserving chooses the trial: give it or --trial, not both")
     if number is not None:
         trial = next((t for t in trials if t.number == number), None)
         if trial is None:
@@ -41,7 +46,7 @@ def exported_trial(study: StudyRecord, trials: Sequence[TrialRecord], rows: Sequ
             warnings.append(refused.split(": run")[0] + ": exported anyway (--accept-flagged)")
         choice = ExportChoice(trial, None, f"trial {trial.number} chosen with --trial")
     else:
-        choice = export_choice(study, trials, rows)
+        choice = export_choice(study, trials, rows, output_preserving=output_preserving)
         if choice.trial is None:
             return ExportPick(None, [], f"nothing to export from study {study.name!r}: {choice.why}")
         warnings = []

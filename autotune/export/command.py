@@ -20,7 +20,8 @@ def _file_formats() -> dict[str, Callable[[ExportContext], str]]:
     from autotune.export.k8s import k8s_manifests
 
     out: dict[str, Callable[[ExportContext], str]] = {
-        name: (lambda ctx, f=f: f(ctx.study, ctx.trial, verdict=ctx.header)) for name, f in FORMATS.items()}
+        name: (lambda ctx, f=f: f(ctx.study, ctx.trial, verdict=ctx.header, quality=ctx.quality()))
+        for name, f in FORMATS.items()}
     out.update({"docker": docker_line, "k8s": k8s_manifests})
     return out
 
@@ -30,7 +31,8 @@ def export_command(args: argparse.Namespace) -> int:
     study = store.resolve_study(args.study_name)
     trials = store.trials(study.id)
     choice = exported_trial(study, trials, store.confirmations(study.id), args.trial,
-                            accept_flagged=getattr(args, "accept_flagged", False))
+                            accept_flagged=getattr(args, "accept_flagged", False),
+                            output_preserving=getattr(args, "output_preserving", False))
     for w in choice.warnings:
         sys.stderr.write(f"autotune: warning: {w}\n")
     if choice.trial is None:

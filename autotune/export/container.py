@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 
 from autotune.errors import UserError
-from autotune.export.formats import knob_env
+from autotune.export.formats import knob_env, quality_warning
 from autotune.export.options import ExportContext
 from autotune.flags import flags_to_mapping
 from autotune.report.provenance import provenance_lines
@@ -94,9 +94,9 @@ def header(ctx: ExportContext, what: str) -> list[str]:
              f"# GPUs from the layout: {gpu_count(ctx)}; vLLM version the trial ran: {t.engine_version or 'unknown'}"]
     if not t.simulated and not (t.hardware or {}).get("gpus") and ctx.study.engine_kind == "vllm":
         lines.append("# NOTE: the trial ran on vLLM's CPU build; these figures say nothing about a GPU")
-    quality = [k for k in (ctx.study.quality_knobs or []) if k in (t.params or {})]
+    quality = ctx.quality()
     if quality:
-        lines.append(f"# WARNING: changes output quality: {', '.join(quality)} - validate accuracy before deploying")
+        lines.append(f"# {quality_warning(quality)}")
     lines += [f"# {line}" for line in provenance_lines(ctx.study, t)]
     env = knob_env(t)
     if env:

@@ -22,7 +22,7 @@ from typing import Any
 
 from autotune.errors import UserError
 from autotune.export.container import header
-from autotune.export.formats import knob_env, vllm_yaml
+from autotune.export.formats import knob_env, quality_warning, vllm_yaml
 from autotune.export.kit_scripts import DEBUG, DEPLOY, LIBRARY, SMOKE, STOP
 from autotune.export.options import ExportContext
 from autotune.flags import flags_to_mapping
@@ -152,7 +152,7 @@ def readme(ctx: ExportContext) -> str:
     sim = " (SIMULATED)" if t.simulated else ""
     confirmed = ctx.confirmed()
     flags = ctx.measurement_flags()
-    quality = [k for k in (ctx.study.quality_knobs or []) if k in (t.params or {})]
+    quality = ctx.quality()
     load_flag, _, load, capacity = smoke_load(ctx)
     m = t.metrics or {}
     rows = [("objectives (first run)" + sim, ", ".join(f"{k} = {v:.4g}" for k, v in (t.objectives or {}).items())),
@@ -170,7 +170,7 @@ def readme(ctx: ExportContext) -> str:
     if t.simulated:
         out += ["**SIMULATED**: these numbers come from autotune's simulator, not from vLLM on real hardware.", ""]
     if quality:
-        out += [f"**WARNING: changes output quality: {', '.join(quality)}** - validate accuracy before deploying.", ""]
+        out += [f"**{quality_warning(quality)}**", ""]
     out += [f"**{line}**" if line.startswith("SPECULATIVE") else line for line in provenance_lines(ctx.study, t)]
     out += [""] if provenance_lines(ctx.study, t) else []
     out += [f"Model `{ctx.study.model}`, SLO `{ctx.study.slo}`, workload `{workload_text(ctx)}`.", "",
@@ -194,7 +194,8 @@ def readme(ctx: ExportContext) -> str:
 def kit_files(ctx: ExportContext) -> dict[str, tuple[str, int]]:
     note = "".join(line + "\n" for line in header(ctx, "a deploy kit"))
     scripts = {"deploy.sh": DEPLOY, "debug.sh": DEBUG, "stop.sh": STOP, "smoke.sh": SMOKE}
-    return {"settings.sh": (settings_sh(ctx), 0o644), "config.yaml": (vllm_yaml(ctx.study, ctx.trial), 0o644),
+    return {"settings.sh": (settings_sh(ctx), 0o644),
+            "config.yaml": (vllm_yaml(ctx.study, ctx.trial, quality=ctx.quality()), 0o644),
             "README.md": (readme(ctx), 0o644),
             **{name: (body.replace("set -euo pipefail\n", note + "set -euo pipefail\n", 1), 0o755)
                for name, body in scripts.items()}}

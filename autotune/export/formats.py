@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import shlex
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import yaml
 
@@ -19,8 +19,12 @@ from autotune.store.models import StudyRecord, TrialRecord
 from autotune.tuner.verdict import flags_of
 
 
-def _quality_used(study: StudyRecord, trial: TrialRecord) -> list[str]:
-    return [k for k in (study.quality_knobs or []) if k in (trial.params or {})]
+def quality_warning(quality: Mapping[str, Any]) -> str:
+    """The line every export of a configuration that changes output quality carries (no comment marker);
+    `quality` is tuner/verdict.quality_changes: the knobs set to other than the baseline ran."""
+    knobs = ", ".join(f"{k}={v}" for k, v in quality.items())
+    return (f"WARNING: changes output quality: {knobs} (quality knobs the study opted into) - validate accuracy "
+            "before deploying; `autotune export --output-preserving` writes the best configuration that does not")
 
 
 def _withheld(study: StudyRecord, trial: TrialRecord) -> list[str]:
@@ -74,23 +78,25 @@ def _scalar(value: Any) -> Any:
     return value
 
 
-def vllm_yaml(study: StudyRecord, trial: TrialRecord, verdict: Sequence[str] = ()) -> str:
-    """`verdict`: the confirmation and gain lines (report/confirmed.py's export_header), as comments."""
+def vllm_yaml(study: StudyRecord, trial: TrialRecord, verdict: Sequence[str] = (),
+              quality: Mapping[str, Any] | None = None) -> str:
+    """`verdict`: the confirmation and gain lines (report/confirmed.py's export_header), as comments;
+    `quality`: the quality knobs the trial changes (tuner/verdict.quality_changes)."""
     head = [f"# autotune: study {study.name}, trial {trial.number} ({trial.role}), SLO {study.slo}"]
     objectives = ", ".join(f"{k}={v:.4g}" for k, v in (trial.objectives or {}).items())
     if objectives:
         head.append(f"# measured (first run): {objectives}" + (" (SIMULATED)" if trial.simulated else ""))
     head += [f"# {line}" for line in verdict]
-    quality = _quality_used(study, trial)
     if quality:
-        head.append(f"# WARNING: changes output quality: {', '.join(quality)} - validate accuracy before deploying")
+        head.append(f"# {quality_warning(quality)}")
     head += [f"# {line}" for line in provenance_lines(study, trial)]
     head += env_comment(trial)
     head.append(f"# run: vllm serve --config THIS_FILE   (engine {trial.engine_version or 'unknown version'})")
     return "\n".join(head) + "\n" + _secret_note(study, trial) + yaml.safe_dump(config_mapping(study, trial), sort_keys=False)
 
 
-def serve_command(study: StudyRecord, trial: TrialRecord, verdict: Sequence[str] = ()) -> str:
+def serve_command(study: StudyRecord, trial: TrialRecord, verdict: Sequence[str] = (),
+                  quality: Mapping[str, Any] | None = None) -> str:
     cmd = list(study.engine_command) if study.engine_kind == "vllm" else ["vllm", "serve"]
     if cmd[-1] == "serve":
         cmd.append(study.model)
@@ -98,8 +104,7 @@ def serve_command(study: StudyRecord, trial: TrialRecord, verdict: Sequence[str]
         cmd += ["--model", study.model]
     cmd += _without_secrets([*study.fixed_flags, *trial.flags])
     text = " ".join([*(f"{k}={shlex.quote(v)}" for k, v in knob_env(trial).items()), *(shlex.quote(c) for c in cmd)])
-    quality = _quality_used(study, trial)
-    note = f"# WARNING: changes output quality: {', '.join(quality)}\n" if quality else ""
+    note = f"# {quality_warning(quality)}\n" if quality else ""
     note += "".join(f"# {line}\n" for line in provenance_lines(study, trial))
     return "".join(f"# {line}\n" for line in verdict) + note + _secret_note(study, trial) + text + "\n"
 
@@ -119,14 +124,15 @@ def _without_secrets(flags: list[str]) -> list[str]:
     return out
 
 
-def as_json(study: StudyRecord, trial: TrialRecord, verdict: Sequence[str] = ()) -> str:
+def as_json(study: StudyRecord, trial: TrialRecord, verdict: Sequence[str] = (),
+            quality: Mapping[str, Any] | None = None) -> str:
     return json.dumps({
         "study": study.name, "trial": trial.number, "role": trial.role, "model": study.model,
         "slo": study.slo, "objectives": trial.objectives, "constraints": trial.constraints,
         "params": trial.params, "flags": _without_secrets([*study.fixed_flags, *trial.flags]),
         "env": knob_env(trial), "labels": provenance_lines(study, trial),
         "withheld_secret_flags": _withheld(study, trial), "config": config_mapping(study, trial),
-        "quality_knobs": _quality_used(study, trial), "metrics": trial.metrics, "capacity": trial.capacity,
+        "quality_changes": dict(quality or {}), "metrics": trial.metrics, "capacity": trial.capacity,
         "telemetry": trial.telemetry, "kv_cache_tokens": trial.kv_cache_tokens,
         "engine_version": trial.engine_version, "hardware": trial.hardware, "workload": trial.workload,
         "simulated": trial.simulated, "spec_hash": trial.spec_hash,

@@ -4,11 +4,12 @@ command choices. One small object so that every format has the same signature.""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from autotune.report import confirmed as conf
 from autotune.store.models import StudyRecord, TrialRecord
 from autotune.store.repository import ResultStore
-from autotune.tuner.verdict import flags_of
+from autotune.tuner.verdict import flags_of, quality_changes
 
 
 @dataclass
@@ -31,6 +32,10 @@ class ExportContext:
 
     def confirmed(self) -> conf.Confirmed | None:
         return conf.by_trial(self.store, self.study, self.trials).get(self.trial.number)
+
+    def quality(self) -> dict[str, Any]:
+        """The quality knobs the trial sets to other than the baseline ran (empty: output-preserving)."""
+        return quality_changes(self.study, self.trial, self.baseline)
 
     def measurement_flags(self) -> list[str]:
         return flags_of(self.trial)

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import statistics
 from typing import Sequence
 
 from autotune.store.models import StudyRecord, TrialRecord
 from autotune.store.repository import ResultStore
-from autotune.tuner.verdict import (Confirmed, ExportChoice, ObjectiveVerdict, objective_verdict,
-                                    summarize_confirmations)
+from autotune.tuner.verdict import (NOISE_FLOOR, Confirmed, ObjectiveVerdict, first_bracket, objective_verdict,
+                                    relative_spread, summarize_confirmations)
+from autotune.tuner.winner import ExportChoice
 
 NOT_CONFIRMED = "not confirmed"
+SHOWN_LEFT_OUT = 5      # close or flagged trials the confirmation left out, named one a line in `show`
 
 
 def _medians(study: StudyRecord, c: Confirmed) -> str:
@@ -28,15 +31,46 @@ def cell(study: StudyRecord, c: Confirmed | None) -> str:
     return f"{len(c.rows)}x {c.medians[name]:.4g} ±{c.spreads.get(name, 0.0) / 2:.1%}{mark}"
 
 
-def confirmation_lines(study: StudyRecord, trials: Sequence[TrialRecord], confirmed: dict[int, Confirmed]) -> list[str]:
-    """Each confirmed configuration (medians, spread, whether it stays), then the verdict against the
-    baseline, output-preserving and quality-changing winners apart when both exist."""
+def _first_vs_median(study: StudyRecord, c: Confirmed) -> str:
+    """The first run against the confirmed median on the first objective, and whether it held up."""
+    name = study.objectives[0][0]
+    first, med = c.first_run(name), c.medians.get(name)
+    if first is None or med is None:
+        return ""
+    text = f"first run {first:.4g} -> median {med:.4g} (x{med / first:.3f})" if first else f"first run {first:.4g}"
+    if c.reproduced(name) is False:
+        text += (f": FIRST RUN NOT REPRODUCED (beyond the larger of the repeats' spread "
+                 f"{c.spreads.get(name, 0.0):.1%} and {NOISE_FLOOR:.0%}), ranked by its median")
+    return text
+
+
+def load_text(c: Confirmed) -> str:
+    """Where the SLO still held: the first run's bracket and each repeat's load, with their spread.
+    Information only: the objectives decide (tuner/verdict.py)."""
+    br = first_bracket(c.trial)
+    cap = (c.trial.capacity or {}).get("capacity")      # a study stored before brackets were
+    first = ((f"{br[0]:g}-{br[1]:g}" if br[1] is not None else f"{br[0]:g}+") if br
+             else f"{cap:g}" if cap is not None else "-")
+    loads = [x for x in c.loads() if x is not None]
+    if not loads:
+        return f"SLO held at load {first} in the first run"
+    spread = f", spread {relative_spread(loads):.0%}" if len(loads) >= 2 else ""
+    return (f"SLO held at load {first} in the first run, {' / '.join(f'{x:g}' for x in loads)} in the repeats "
+            f"(median {statistics.median(loads):g}{spread})")
+
+
+def confirmation_lines(study: StudyRecord, trials: Sequence[TrialRecord], confirmed: dict[int, Confirmed],
+                       left_out: Sequence[tuple[TrialRecord, str]] = (), left_out_note: str = "") -> list[str]:
+    """Each confirmed configuration (medians, spread, first run against its median, the load at which
+    the SLO held, whether it stays), each candidate's verdict against the baseline, and the close or
+    flagged trials the confirmation left out."""
     if not confirmed:
         return ["not confirmed: every figure above is one run (`autotune confirm` measures the top candidates "
                 "and the baseline again on fresh servers)"]
     lines = ["confirmed = median of repeats on fresh servers (full capacity search each, fresh prompts shared "
              "by the configurations of a round, order alternating by round); the objective columns stay each "
-             "trial's first run, as Optuna saw it"]
+             "trial's first run, as Optuna saw it; a configuration leaves the front only when a repeat fails or "
+             "breaks the SLO at every load"]
     baseline = next((t for t in trials if t.role == "baseline"), None)
     for n, c in sorted(confirmed.items()):
         state = ("stays" if c.survives else f"pending: {c.why_not}" if c.pending
@@ -44,44 +78,31 @@ def confirmation_lines(study: StudyRecord, trials: Sequence[TrialRecord], confir
         flagged = sorted({f for r in c.rows for f in (r.measurement_flags or [])})
         if flagged:
             state += f"; repeats flagged {', '.join(flagged)}"
-        lines.append(f"  #{n} ({c.trial.role}{', changes output quality' if c.quality_changing else ''}): "
-                     f"{len(c.rows)} repeat(s): {_medians(study, c) or 'nothing measured'}; {state}")
-    alive = [c for c in confirmed.values() if c.survives]
-    base = confirmed.get(baseline.number) if baseline is not None else None
-    base_measured = base is not None and any(r.state == "ok" for r in base.rows)
-    if not alive:
-        if any(c.pending for c in confirmed.values()):
-            lines.append("CONFIRMATION NOT FINISHED: `autotune confirm` continues it")
-            return lines
-        lines.append("NOTHING SURVIVED CONFIRMATION: no configuration is exported")
-        # the repeats still measured each candidate against the defaults in the same rounds: what they
-        # say is worth reading even though no first run held (seen on the H200: FP8 beat the defaults in
-        # every round while its first run had overstated its capacity)
-        for n, c in sorted(confirmed.items()):
-            if base_measured and c is not base and c.verdicts:
-                lines.append(f"  measured in the paired rounds, not exported: #{n} against the baseline "
-                             f"#{base.trial.number}: " + "; ".join(v.text() for v in c.verdicts))
+        quality = (", changes output quality: " + ", ".join(f"{k}={v}" for k, v in c.quality.items())
+                   if c.quality else "")
+        facts = "; ".join(x for x in (_medians(study, c) or "nothing measured", _first_vs_median(study, c),
+                                      load_text(c)) if x)
+        lines.append(f"  #{n} ({c.trial.role}{quality}): {len(c.rows)} repeat(s): {facts}; {state}")
+    for t, why in left_out[:SHOWN_LEFT_OUT]:
+        lines.append(f"  #{t.number} left out of the confirmation: {why}")
+    if left_out:
+        more = len(left_out) - SHOWN_LEFT_OUT
+        lines.append(f"  ({f'{more} more left out, listed by show --json; ' if more > 0 else ''}{left_out_note}; "
+                     "`autotune confirm --extra N` repeats more)")
+    if any(c.pending for c in confirmed.values()):
+        lines.append("CONFIRMATION NOT FINISHED: `autotune confirm` continues it")
         return lines
-    if not base_measured:
+    base = confirmed.get(baseline.number) if baseline is not None else None
+    if base is None or not any(r.state == "ok" for r in base.rows):
         lines.append("no confirmed baseline: no verdict against vLLM's defaults")
         return lines
     if not base.survives:
-        # its repeats still measured the defaults in the candidates' own rounds: the export's header states
-        # this verdict, so `show` must not withhold it
-        lines.append(f"the baseline #{base.trial.number} left the front ({base.why_not}); its repeats are "
-                     "still the paired reference of the verdict")
-    groups = {"output-preserving": [c for c in alive if c is not base and not c.quality_changing],
-              "quality-changing": [c for c in alive if c.quality_changing]}
-    name, direction = study.objectives[0]
-    for label, group in groups.items():
-        if not group:
-            continue
-        best = sorted(group, key=lambda c: -c.medians[name] if direction == "maximize" else c.medians[name])[0]
-        kind = f"{label} " if all(groups.values()) or label == "quality-changing" else ""
-        lines.append(f"best {kind}candidate #{best.trial.number} against the baseline #{base.trial.number}: "
-                     + "; ".join(v.text() for v in best.verdicts))
-    if not any(groups.values()):
-        lines.append(f"only the baseline #{base.trial.number} survived: vLLM's defaults are the answer")
+        # its repeats that ran still measured the defaults in the candidates' own rounds
+        lines.append(f"the baseline #{base.trial.number} left the front ({base.why_not}); its repeats that ran "
+                     "are still the paired reference of the verdict")
+    for n, c in sorted(confirmed.items()):
+        if c is not base and c.verdicts:
+            lines.append(f"#{n} against the baseline #{base.trial.number}: " + "; ".join(v.text() for v in c.verdicts))
     lines.append("interval: 95 % Student t over the paired rounds' log ratios (candidate / baseline of the same "
                  "round); no gain beyond noise when it includes 1 or the gain is below one config's spread")
     return lines
@@ -93,13 +114,18 @@ def export_header(study: StudyRecord, trials: Sequence[TrialRecord], confirmed: 
     t = choice.trial
     assert t is not None
     c = confirmed.get(t.number)
-    if c is None or not c.survives:
+    if c is None:
         return [f"UNCONFIRMED: one run ({choice.why})"]
-    out = [f"confirmed: {len(c.rows)} repeats on fresh servers: {_medians(study, c)}"]
+    if not c.survives:
+        return [f"NOT CONFIRMED: {'pending' if c.pending else 'left the front'}: {c.why_not} ({choice.why})"]
+    out = [f"chosen: {choice.why}", f"confirmed: {len(c.rows)} repeats on fresh servers: {_medians(study, c)}"]
+    first = _first_vs_median(study, c)
+    if first:
+        out.append(first)
     if c.verdicts:
         out.append("against the baseline: " + "; ".join(v.text() for v in c.verdicts))
-    elif t.role == "baseline":
-        out.append("this is the baseline: no candidate beat vLLM's defaults after confirmation")
+    if t.role == "baseline":
+        out.append("this is the baseline (vLLM's defaults)" + (": " + "; ".join(choice.notes) if choice.notes else ""))
     return out
 
 

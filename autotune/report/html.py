@@ -14,7 +14,8 @@ import plotly.graph_objects as go
 import plotly.offline
 
 from autotune.export.choice import exported_trial
-from autotune.tuner.verdict import flags_of
+from autotune.export.formats import quality_warning
+from autotune.tuner.verdict import flags_of, quality_changes
 from autotune.export.files import write_text_atomic
 from autotune.report import confirmed as conf
 from autotune.report import figures
@@ -98,7 +99,7 @@ def _exported(study: StudyRecord, trials: Sequence[TrialRecord], choice: Any,
     if t is None:
         return f'<p class="warn">{_e(choice.reason)}</p>'
     baseline = next((b for b in trials if b.role == "baseline"), None)
-    quality = [k for k in (study.quality_knobs or []) if k in (t.params or {})]
+    quality = quality_changes(study, t, baseline)
     rows = [("trial", _e(f"{t.number} ({t.role}) - {choice.reason}")),
             ("flags", f"<code>{_e(' '.join([*study.fixed_flags, *t.flags]) or '(defaults)')}</code>"),
             ("first-run measurement", _kv(t.objectives) + (" (SIMULATED)" if t.simulated else "")),
@@ -110,8 +111,7 @@ def _exported(study: StudyRecord, trials: Sequence[TrialRecord], choice: Any,
             ("verdict against the defaults", _e(conf.verdict_line(trials, confirms, t.number))),
             ("measurement flags", _e(", ".join(flags.get(t.number, [])) or "none recorded"))]
     if quality:
-        rows.append(("quality warning", f'<span class="warn">changes output quality: {_e(", ".join(quality))} '
-                                        f"- validate accuracy before deploying</span>"))
+        rows.append(("quality warning", f'<span class="warn">{_e(quality_warning(quality))}</span>'))
     if t.env:
         rows.append(("environment (env knobs)", f"<code>{_e(' '.join(f'{k}={v}' for k, v in t.env.items()))}</code>"))
     for line in provenance_lines(study, t):

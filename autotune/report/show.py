@@ -18,7 +18,9 @@ from autotune.store.models import StudyRecord, TrialRecord
 from autotune.store.queries import is_feasible, pareto_front
 from autotune.store.repository import ResultStore
 from autotune.store.urls import mask_url
-from autotune.tuner.verdict import confirmed_front, export_choice, flags_of, summarize_confirmations
+from autotune.tuner.picks import left_out
+from autotune.tuner.verdict import confirmed_front, flags_of, summarize_confirmations
+from autotune.tuner.winner import export_choice
 from autotune.tuner.narrowing import Limit
 
 
@@ -149,6 +151,11 @@ def show_command(args: argparse.Namespace) -> int:
     rows_c = store.confirmations(study.id)
     confirmed = summarize_confirmations(study, trials, rows_c)
     choice = export_choice(study, trials, rows_c)
+    # where the choice changes output quality, what `export --output-preserving` writes instead
+    keeps = (export_choice(study, trials, rows_c, output_preserving=True)
+             if choice.confirmed is not None and choice.confirmed.quality_changing else None)
+    max_extra = int(((study.spec or {}).get("confirm") or {}).get("max_extra", 2))
+    skipped, skipped_note = left_out(study, trials, rows_c, max_extra)
     # once confirmed, the front is the survivors' confirmed medians; before, the first runs'
     front = ([c.trial for c in confirmed_front(study, confirmed)] if confirmed else pareto_front(study, trials))
     predictions = store.predictions(study.id)
@@ -167,7 +174,12 @@ def show_command(args: argparse.Namespace) -> int:
                           "best_confirmed": choice.confirmed is not None, "best_why": choice.why,
                           "knob_effects": knob_lines(store, study, trials)[1],
                           "speculative_label": spec_label,
-                          "twin_unmodelled": twin_blind_spots(trials) if predictions else []},
+                          "twin_unmodelled": twin_blind_spots(trials) if predictions else [],
+                          "best_notes": choice.notes,
+                          "output_preserving": ({"best": keeps.trial.number if keeps.trial else None,
+                                                 "why": keeps.why, "notes": keeps.notes} if keeps else None),
+                          "confirmation_left_out": [{"trial": t.number, "why": why} for t, why in skipped],
+                          "confirmation_left_out_note": skipped_note or None},
                          indent=2, default=str))
         return 0
     console = Console(width=160)
@@ -218,7 +230,7 @@ def show_command(args: argparse.Namespace) -> int:
         if line or why or note or placed or start or knobs:
             console.print(f"  trial {t.number}: " + "; ".join(x for x in (why, knobs, line, note, placed, start) if x),
                           markup=False, highlight=False)
-    for line in confirmation_lines(study, trials, confirmed):
+    for line in confirmation_lines(study, trials, confirmed, skipped, skipped_note):
         console.print(line, markup=False, highlight=False)
     for lim in limits:
         console.print("[bold]learned limit[/]: " + Limit.from_json(lim).text())
@@ -236,10 +248,14 @@ def show_command(args: argparse.Namespace) -> int:
                        "[bold]Pareto front, first runs (unconfirmed)[/]") + " (feasible, non-dominated; * above): "
                       + ", ".join(f"#{t.number} (" + ", ".join(
                           f"{n}={_fmt(values.get(t.number, t.objectives)[n])}" for n in names) + ")" for t in front))
-    if choice.trial is not None:
-        env = " ".join(f"{k}={v}" for k, v in (choice.trial.env or {}).items())
-        console.print(f"export: {choice.why}: {' '.join(choice.trial.flags) or '(defaults)'}"
-                      + (f" with {env}" if env else ""), markup=False, highlight=False)
-    else:
-        console.print(f"export: nothing: {choice.why}", markup=False, highlight=False)
+    for label, c in (("export", choice), ("export --output-preserving", keeps)):
+        if c is None:
+            continue
+        if c.trial is not None:
+            notes = "".join(f"; {n}" for n in c.notes)
+            env = " ".join(f"{k}={v}" for k, v in (c.trial.env or {}).items())
+            console.print(f"{label}: {c.why}{notes}: {' '.join(c.trial.flags) or '(defaults)'}"
+                          + (f" with {env}" if env else ""), markup=False, highlight=False)
+        else:
+            console.print(f"{label}: nothing: {c.why}", markup=False, highlight=False)
     return 0

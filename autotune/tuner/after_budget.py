@@ -21,14 +21,16 @@ log = logging.getLogger(__name__)
 
 
 def confirm_gpus(driver: StudyDriver) -> int:
-    """The largest layout among the trials the confirmation will repeat (the baseline and the top
+    """The largest layout among the trials the confirmation will repeat (the baseline and the picked
     candidates), else the study's usual one (nothing feasible: the step only says so)."""
     from autotune.store.queries import is_feasible
-    from autotune.tuner.confirm import pick_candidates
+    from autotune.tuner.picks import pick_candidates
 
     trials = driver.store.trials(driver.record.id)
     baseline = [t for t in trials if t.role == "baseline" and is_feasible(t)][:1]
-    repeated = baseline + pick_candidates(driver.record, trials, driver.spec.confirm.top_k)
+    conf = driver.spec.confirm
+    repeated = baseline + pick_candidates(driver.record, trials, conf.top_k, conf.max_extra,
+                                          driver.store.confirmations(driver.record.id)).candidates
     if not repeated:
         return driver.usual_gpus()
     return max(layout_gpus([*driver.fixed_flags, *t.flags]) for t in repeated)
@@ -42,7 +44,8 @@ def confirm_step(driver: StudyDriver, lease: Lease, phase: Phase) -> None:
 
     spec = driver.spec
     result = confirm_study(spec, driver.store, driver.record, driver.runner, top_k=spec.confirm.top_k,
-                           repeats=spec.confirm.repeats, phase=phase, say=driver.progress.message,
+                           repeats=spec.confirm.repeats, max_extra=spec.confirm.max_extra, phase=phase,
+                           say=driver.progress.message,
                            deadline=driver.deadline, lease=lease,
                            expected_s=expected_trial_s(driver.store.trials(driver.record.id)) or 0.0)
     if result.stopped_by:

@@ -1,10 +1,11 @@
-"""Confirmation: before a study ends (and on `autotune confirm`), the top candidates and the baseline are
-measured again on fresh servers, so that what gets exported is not one lucky run.
+"""Confirmation: before a study ends (and on `autotune confirm`), the top candidates (tuner/picks.py) and
+the baseline are measured again on fresh servers, so that what gets exported is not one lucky run.
 
 Each repeat is a whole trial through the same `TrialRunner` (same engine, flags, capacity search and
 evidence), on a server started for it. Its capacity search also settles the first run's highest met load
-(one more step when its bracket ends with that load inside), so "below the first run's bracket" means the
-repeat broke the SLO at a load the first run met, not that its search ended coarser. Round r draws its
+(one more step when its bracket ends with that load inside), so the load `show` reports beside the
+confirmed medians says whether the first run's load was met again, not how coarse a search ended (that
+load is information; survival and the export go by the objectives, tuner/verdict.py). Round r draws its
 prompts from its own seed, shared by every configuration of that round, so the per-round ratio
 candidate / baseline compares like with like. The
 order inside a round alternates (A B .. in even rounds, .. B A in odd ones): a machine that drifts
@@ -25,11 +26,12 @@ from typing import Callable, Sequence
 from autotune.daemon.pool import Lease
 from autotune.spec import StudySpec
 from autotune.store.models import StudyRecord, TrialRecord, utcnow
-from autotune.store.queries import best_trial, is_feasible, pareto_front
+from autotune.store.queries import is_feasible
 from autotune.store.repository import ResultStore
 from autotune.tuner.objectives import measured_constraints, pick
+from autotune.tuner.picks import pick_candidates
 from autotune.tuner.trial import TrialOutcome, TrialRunner
-from autotune.tuner.verdict import bracket_low, first_bracket, quality_changing
+from autotune.tuner.verdict import bracket_low, first_bracket
 
 ROUND_SEED_BASE = 7_770_001    # fresh prompts: the first runs drew theirs from the spec's seed
 ROUND_SEED_STRIDE = 104_729
@@ -37,28 +39,6 @@ ROUND_SEED_STRIDE = 104_729
 
 def round_seed(spec_seed: int, r: int) -> int:
     return spec_seed + ROUND_SEED_BASE + ROUND_SEED_STRIDE * r
-
-
-def pick_candidates(study: StudyRecord, trials: Sequence[TrialRecord], k: int) -> list[TrialRecord]:
-    """At most `k` feasible non-baseline trials: the best on the first objective, the best output-preserving
-    one (when the best changes output quality), then the rest of the Pareto front by the first objective.
-    Flagged trials are candidates like any other: confirmation is what can clear them."""
-    baseline = next((t for t in trials if t.role == "baseline"), None)
-    pool = [t for t in trials if t.role != "baseline" and is_feasible(t)
-            and not (baseline is not None and (t.flags, t.env or {}) == (baseline.flags, baseline.env or {}))]
-    out: list[TrialRecord] = []
-
-    def add(t: TrialRecord | None) -> None:
-        if t is not None and t not in out and len(out) < k:
-            out.append(t)
-
-    add(best_trial(study, pool))
-    add(best_trial(study, [t for t in pool if not quality_changing(study, t, baseline)]))
-    name, direction = study.objectives[0]
-    for t in sorted(pareto_front(study, pool), key=lambda t: -t.objectives[name] if direction == "maximize"
-                    else t.objectives[name]):
-        add(t)
-    return out
 
 
 def plan(baseline: TrialRecord | None, candidates: Sequence[TrialRecord], repeats: int) -> list[tuple[int, int, TrialRecord]]:
@@ -80,20 +60,31 @@ class ConfirmResult:
 
 def confirm_study(spec: StudySpec, store: ResultStore, study: StudyRecord, runner: TrialRunner, *,
                   top_k: int, repeats: int, phase: Callable[[str], None], say: Callable[[str], None],
-                  deadline: float | None = None, expected_s: float = 0.0, lease: Lease | None = None) -> ConfirmResult:
-    """Run the missing repeats of the top candidates and the baseline; rows already stored (an earlier,
-    interrupted confirmation) are kept. Interrupts propagate after the running server is stopped. With a
-    `lease` (the scheduler's after-budget job), every repeat's server gets its GPUs, ports and cores."""
+                  deadline: float | None = None, expected_s: float = 0.0, lease: Lease | None = None,
+                  max_extra: int = 0) -> ConfirmResult:
+    """Run the missing repeats of the picked candidates (tuner/picks.py: `top_k`, then up to `max_extra`
+    whose first run lies within the noise of the best or is flagged) and the baseline; rows already
+    stored (an earlier, interrupted confirmation) are kept. Interrupts propagate after the running server
+    is stopped. With a `lease` (the scheduler's after-budget job), every repeat's server gets its GPUs,
+    ports and cores."""
     trials = store.trials(study.id)
+    rows = store.confirmations(study.id)
     baseline = next((t for t in trials if t.role == "baseline" and is_feasible(t)), None)
-    candidates = pick_candidates(study, trials, top_k)
+    picks = pick_candidates(study, trials, top_k, max_extra, rows)
+    candidates = picks.candidates
     if baseline is None and not candidates:
         say("confirmation: no feasible trial to confirm")
         return ConfirmResult(0, 0, None)
-    have = {(r.trial_id, r.round) for r in store.confirmations(study.id)}
+    have = {(r.trial_id, r.round) for r in rows}
     todo = [(r, i, t) for r, i, t in plan(baseline, candidates, repeats) if (t.id, r) not in have]
     names = ", ".join(f"#{t.number}" for t in ([baseline] if baseline else []) + candidates)
     say(f"confirmation: {names} x {repeats} rounds on fresh servers ({len(todo)} repeat(s) to run)")
+    if picks.extras:
+        say(f"confirmation: beyond the top {top_k}, {', '.join(f'#{t.number}' for t in picks.extras)} joined: "
+            f"first run within the noise of the best or flagged (noise {picks.noise:.1%}: {picks.noise_why})")
+    if picks.left_out:
+        say(f"confirmation: left out (confirm.max_extra = {max_extra}): "
+            + "; ".join(f"#{t.number} ({why})" for t, why in picks.left_out))
     done = 0
     for n, (r, pos, t) in enumerate(todo):
         if deadline is not None:

@@ -1,4 +1,4 @@
-"""`autotune confirm --storage URL [--study-name N] [--top K] [--repeats R]`: the confirmation of a
+"""`autotune confirm --storage URL [--study-name N] [--top K] [--extra E] [--repeats R]`: the confirmation of a
 finished (or stopped) study, run from what its database holds: the stored spec, engine command and fixed
 flags. Secrets were never stored, so engine environment values come from this shell."""
 
@@ -36,9 +36,12 @@ def confirm_command(args: argparse.Namespace) -> int:
     raw["engine"] = engine_raw
     spec = build_spec(raw, f"study {study.name!r} as stored")
     top = spec.confirm.top_k if args.top is None else args.top
+    extra = spec.confirm.max_extra if getattr(args, "extra", None) is None else args.extra
     repeats = spec.confirm.repeats if args.repeats is None else args.repeats
     if top < 1:
         raise UserError("--top must be at least 1")
+    if extra < 0:
+        raise UserError("--extra must be 0 or more")
     if repeats < 3:
         raise UserError("--repeats must be at least 3: fewer paired rounds give no interval worth reading")
     deadline = time.monotonic() + parse_duration(args.timeout) if args.timeout is not None else None
@@ -51,6 +54,7 @@ def confirm_command(args: argparse.Namespace) -> int:
         with _interrupts(None, None):  # type: ignore[arg-type]
             try:
                 result = confirm_study(spec, store, study, runner, top_k=top, repeats=repeats,
+                                       max_extra=extra,
                                        phase=progress.phase, say=progress.message, deadline=deadline,
                                        expected_s=expected_trial_s(store.trials(study.id)) or 0.0)
                 stopped = result.stopped_by

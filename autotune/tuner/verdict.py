@@ -1,5 +1,6 @@
-"""The verdict against the defaults, from confirmation rounds (tuner/confirm.py), and the one choice of
-what gets exported.
+"""The verdict against the defaults, from confirmation rounds (tuner/confirm.py): which configurations
+stay on the front and how each compares with the baseline. What gets exported from that is
+tuner/winner.py's choice.
 
 The unit of evidence is one paired round: the baseline (A) and a candidate (B) measured on fresh servers
 with the same prompt seed, next to each other in time. Per round the ratio B / A cancels what the round
@@ -23,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from autotune.store.models import ConfirmationRecord, StudyRecord, TrialRecord
-from autotune.store.queries import _dominates, best_trial
+from autotune.store.queries import _dominates
 
 MIN_ROUNDS = 3
 # two-sided 95 % Student t quantiles, degrees of freedom 1..30
@@ -78,12 +79,22 @@ class ObjectiveVerdict:
     spread: float | None        # the larger of the two sides' relative spreads
     beyond_noise: bool
 
+    @property
+    def better(self) -> bool:
+        """Beyond noise and in the objective's good direction."""
+        return self.beyond_noise and self.interval is not None and \
+            (self.interval.ratio > 1) == (self.direction == "maximize")
+
+    @property
+    def worse(self) -> bool:
+        """Beyond noise and in the objective's bad direction: what keeps a candidate from the export."""
+        return self.beyond_noise and not self.better
+
     def text(self) -> str:
         if self.interval is None:
             return f"{self.objective}: too few paired rounds for an interval"
         iv = self.interval
-        better = (iv.ratio > 1) == (self.direction == "maximize")
-        word = ("better" if better else "worse") if self.beyond_noise else "no gain beyond noise"
+        word = ("better" if self.better else "worse") if self.beyond_noise else "no gain beyond noise"
         spread = f", spread {self.spread:.1%}" if self.spread is not None else ""
         return (f"{self.objective} x{iv.ratio:.3f} [{iv.low:.3f}, {iv.high:.3f}] over {iv.rounds} paired "
                 f"rounds{spread}: {word}")
@@ -104,6 +115,12 @@ def objective_verdict(objective: str, direction: str, pairs: Sequence[tuple[floa
 
 
 # -- a study's confirmations --------------------------------------------------------------------------
+# The measurement noise assumed where none is measured: a first run further than this (or than its
+# repeats' own spread, when larger) from its confirmed median was not reproduced; at pick time (the
+# baseline's repeats do not exist yet) a first run within it of the best is "close" (tuner/picks.py).
+NOISE_FLOOR = 0.05
+
+
 @dataclass
 class Confirmed:
     """One configuration's repeats: medians, spreads, whether it stays on the front, and why not."""
@@ -116,25 +133,61 @@ class Confirmed:
     pending: bool = False            # fewer repeats than a verdict needs, none failed: not finished yet
     why_not: str = ""
     verdicts: list[ObjectiveVerdict] = field(default_factory=list)   # against the baseline
-    quality_changing: bool = False
+    quality: dict[str, Any] = field(default_factory=dict)            # quality knobs it changes -> its value
+
+    @property
+    def quality_changing(self) -> bool:
+        return bool(self.quality)
+
+    def first_run(self, name: str) -> float | None:
+        """The first run's value of objective `name` (what Optuna was told)."""
+        v = (self.trial.objectives or {}).get(name)
+        return float(v) if v is not None else None
+
+    def reproduced(self, name: str) -> bool | None:
+        """Whether the repeats reproduce the first run on `name`: its first run lies within the larger of
+        the repeats' spread and NOISE_FLOOR of their median. None when either is missing."""
+        first, med = self.first_run(name), self.medians.get(name)
+        if first is None or not med:
+            return None
+        return abs(first / med - 1.0) <= max(self.spreads.get(name, 0.0), NOISE_FLOOR)
+
+    def loads(self) -> list[float | None]:
+        """The load at which each repeat still met the SLO (its capacity), in round order: information
+        beside the objectives, never the criterion (past the knee it moves with noise, the tokens/s do not)."""
+        return [(r.capacity or {}).get("capacity") for r in self.rows if r.state != "failed"]
+
+    def verdict(self, name: str) -> ObjectiveVerdict | None:
+        return next((v for v in self.verdicts if v.objective == name), None)
 
     def to_json(self) -> dict[str, Any]:
+        first = {n: self.first_run(n) for n in self.medians}
         return {"trial": self.trial.number, "repeats": len(self.rows), "medians": self.medians,
-                "spreads": self.spreads, "survives": self.survives, "why_not": self.why_not or None,
-                "quality_changing": self.quality_changing,
+                "spreads": self.spreads, "first_run": first,
+                "reproduced": {n: self.reproduced(n) for n in self.medians},
+                "first_run_bracket": list(first_bracket(self.trial) or ()) or None, "loads": self.loads(),
+                "survives": self.survives, "why_not": self.why_not or None,
+                "quality_changing": self.quality_changing, "quality": self.quality,
                 "verdict": [{"objective": v.objective, "ratio": v.interval.ratio if v.interval else None,
                              "low": v.interval.low if v.interval else None,
                              "high": v.interval.high if v.interval else None,
                              "rounds": v.interval.rounds if v.interval else 0, "spread": v.spread,
-                             "beyond_noise": v.beyond_noise, "text": v.text()} for v in self.verdicts]}
+                             "beyond_noise": v.beyond_noise, "worse": v.worse, "text": v.text()}
+                            for v in self.verdicts]}
+
+
+def quality_changes(study: StudyRecord, trial: TrialRecord, baseline: TrialRecord | None) -> dict[str, Any]:
+    """The quality knobs (FP8 weights, KV-cache dtype: those the study opted into) that `trial` sets to
+    other than what the baseline ran, with their values. The baseline records vLLM's defaults for them
+    (quantization none, kv_cache_dtype auto), so a knob merely present is not a change."""
+    ref = (baseline.params or {}) if baseline is not None else {}
+    params = trial.params or {}
+    return {k: params[k] for k in (study.quality_knobs or []) if k in params and params[k] != ref.get(k)}
 
 
 def quality_changing(study: StudyRecord, trial: TrialRecord, baseline: TrialRecord | None) -> bool:
-    """A trial changes output quality when a quality knob (FP8 weights, KV-cache dtype) is set to other
-    than what the baseline ran."""
-    ref = (baseline.params or {}) if baseline is not None else {}
-    return any(k in (trial.params or {}) and (trial.params or {}).get(k) != ref.get(k)
-               for k in (study.quality_knobs or []))
+    """A trial changes output quality when it sets a quality knob to other than what the baseline ran."""
+    return bool(quality_changes(study, trial, baseline))
 
 
 def bracket_low(trial: TrialRecord) -> float | None:
@@ -152,9 +205,25 @@ def first_bracket(trial: TrialRecord) -> tuple[float, float | None] | None:
     return float(br[0]), (float(br[1]) if br[1] is not None else None)
 
 
+def _unmet(row: ConfirmationRecord) -> str:
+    """Why a repeat that ran is not a measurement meeting the study's bar, in words."""
+    broken = [k for k, v in (row.constraints or {}).items() if v > 0]
+    if not broken or any(k.startswith("slo:") for k in broken) or not row.objectives:
+        return f"repeat {row.round + 1} broke the SLO at every load"
+    return f"repeat {row.round + 1} broke {', '.join(sorted(broken))}"
+
+
 def summarize_confirmations(study: StudyRecord, trials: Sequence[TrialRecord],
                             rows: Sequence[ConfirmationRecord]) -> dict[int, Confirmed]:
-    """Trial number -> its confirmation, for every trial with repeats."""
+    """Trial number -> its confirmation, for every trial with repeats.
+
+    Survival is judged by what the study optimizes: a configuration leaves the front only when a repeat
+    fails to start or crashes, or breaks the SLO at every load (then it has no value to rank). A first
+    run its repeats do not reproduce stays, ranked by its confirmed median (`Confirmed.reproduced` says
+    so); the load at which the SLO held is reported beside it and decides nothing: past the knee of the
+    throughput curve that load moves with noise between fresh servers while the tokens/s do not (the
+    H200 FP8 study: SLO met at 149 streams in the first run, 129 / 157 / 129 in repeats at the same
+    ~6,960 tok/s)."""
     by_id = {t.id: t for t in trials}
     grouped: dict[int, list[ConfirmationRecord]] = {}
     for r in rows:
@@ -165,7 +234,7 @@ def summarize_confirmations(study: StudyRecord, trials: Sequence[TrialRecord],
     out: dict[int, Confirmed] = {}
     for tid, reps in grouped.items():
         t = by_id[tid]
-        c = Confirmed(t, sorted(reps, key=lambda r: r.round), quality_changing=quality_changing(study, t, baseline))
+        c = Confirmed(t, sorted(reps, key=lambda r: r.round), quality=quality_changes(study, t, baseline))
         ok = [r for r in c.rows if r.state == "ok" and r.objectives]
         for name, _ in names:
             vals = [r.objectives[name] for r in ok if r.objectives.get(name) is not None]
@@ -173,16 +242,15 @@ def summarize_confirmations(study: StudyRecord, trials: Sequence[TrialRecord],
                 c.medians[name] = statistics.median(vals)
                 c.spreads[name] = relative_spread(vals) if len(vals) >= 2 else 0.0
         failed = [r for r in c.rows if r.state == "failed"]
-        caps = [((r.capacity or {}).get("capacity") or 0.0) for r in c.rows if r.state != "failed"]
-        low = bracket_low(t)
+        unmet = [r for r in c.rows if r.state != "failed" and r not in ok]
         if failed:
             c.why_not = f"repeat {failed[0].round + 1} failed ({failed[0].cause})"
+        elif unmet:
+            c.why_not = _unmet(unmet[0])
         elif len(c.rows) < MIN_ROUNDS:
             c.pending, c.why_not = True, f"{len(c.rows)} of {MIN_ROUNDS} repeats so far"
-        elif caps and low is not None and statistics.median(caps) < low:
-            c.why_not = f"median capacity {statistics.median(caps):g} below the first run's bracket ({low:g})"
-        elif len(ok) < len(c.rows) or any(n not in c.medians for n, _ in names):
-            c.why_not = "a repeat broke the SLO at every load"
+        elif any(n not in c.medians for n, _ in names):
+            c.why_not = "its repeats did not measure " + ", ".join(n for n, _ in names if n not in c.medians)
         else:
             c.survives = True
         out[t.number] = c
@@ -210,20 +278,13 @@ def confirmed_front(study: StudyRecord, confirmed: dict[int, Confirmed]) -> list
     vec = {c.trial.number: [c.medians[n] for n in names] for c in alive}
     front = [c for c in alive if not any(_dominates(vec[o.trial.number], vec[c.trial.number], maximize)
                                          for o in alive if o is not c)]
-    return sorted(front, key=lambda c: _first_key(study, c.medians))
+    return sorted(front, key=lambda c: first_key(study, c.medians))
 
 
-def _first_key(study: StudyRecord, values: dict[str, float]) -> float:
+def first_key(study: StudyRecord, values: dict[str, float]) -> float:
+    """Sort key: better on the study's first objective sorts first."""
     name, direction = study.objectives[0]
     return -values[name] if direction == "maximize" else values[name]
-
-
-# -- the one choice of what is exported -----------------------------------------------------------------
-@dataclass
-class ExportChoice:
-    trial: TrialRecord | None
-    confirmed: Confirmed | None      # None: exported on its first run (nothing confirmed, no flag)
-    why: str                         # one line: why this trial, or why none
 
 
 def flags_of(trial: TrialRecord) -> list[str]:
@@ -238,54 +299,3 @@ def flags_of(trial: TrialRecord) -> list[str]:
     if "prefix cache served random prompts" in note:
         out.append("prefix_hits")
     return out
-
-
-def export_choice(study: StudyRecord, trials: Sequence[TrialRecord],
-                  rows: Sequence[ConfirmationRecord]) -> ExportChoice:
-    """What `export` writes when no trial is named; every export format (YAML, command, deploy kits) asks
-    this. Once confirmations exist, the best survivor on the first objective by its confirmed median (the
-    baseline included: when it is best, the defaults are the answer). Without confirmations, the best
-    feasible trial that carries no measurement flag; a flagged trial is never exported unconfirmed."""
-    confirmed = summarize_confirmations(study, trials, rows)
-    if confirmed:
-        alive = sorted((c for c in confirmed.values() if c.survives), key=lambda c: _first_key(study, c.medians))
-        if alive:
-            best = alive[0]
-            return ExportChoice(best.trial, best, f"trial {best.trial.number}: best confirmed median on "
-                                                  f"{study.objectives[0][0]} over {len(best.rows)} repeats")
-        reasons = "; ".join(f"trial {n}: {c.why_not}" for n, c in sorted(confirmed.items()))
-        if not any(c.pending for c in confirmed.values()):
-            return ExportChoice(None, None, f"no candidate survived confirmation ({reasons})")
-        # a confirmation cut short (timeout, Ctrl-C) decides nothing yet: the first runs' rule applies,
-        # without the trials a finished repeat already dropped
-        dropped = {n for n, c in confirmed.items() if not c.pending}
-        trials = [t for t in trials if t.number not in dropped]
-        pending_note = f"; confirmation not finished ({reasons}): `autotune confirm` continues it"
-    else:
-        pending_note = ""
-    clean = [t for t in trials if not flags_of(t)]
-    best = best_trial(study, clean)
-    overall = best_trial(study, list(trials))
-    if best is None:
-        if overall is not None:
-            return ExportChoice(None, None, f"the only feasible trials carry measurement flags (trial "
-                                            f"{overall.number}: {', '.join(flags_of(overall))}) and none is "
-                                            f"confirmed: run `autotune confirm`" + pending_note)
-        return ExportChoice(None, None, f"no feasible trial in study {study.name!r} to export" + pending_note)
-    why = f"trial {best.number}: best feasible on {study.objectives[0][0]}, UNCONFIRMED (first run only)"
-    if overall is not None and overall is not best:
-        why += (f"; trial {overall.number} measured better but carries {', '.join(flags_of(overall))} "
-                f"and is not confirmed")
-    return ExportChoice(best, None, why + pending_note)
-
-
-def unconfirmed_flagged(trial: TrialRecord, rows: Sequence[ConfirmationRecord], study: StudyRecord,
-                        trials: Sequence[TrialRecord]) -> str | None:
-    """Why an explicitly named trial may not be exported (flagged and not a confirmed survivor), or None."""
-    if not flags_of(trial):
-        return None
-    c = summarize_confirmations(study, trials, rows).get(trial.number)
-    if c is not None and c.survives:
-        return None
-    return (f"trial {trial.number} carries {', '.join(flags_of(trial))} and is not confirmed"
-            + (f" ({c.why_not})" if c is not None else "") + ": run `autotune confirm` first")

@@ -1,7 +1,7 @@
 """Confirmation on the labelled simulator (real processes, HTTP and SQLite): a flagged study is not
 exported unconfirmed; `run` on a finished study confirms it (the hook at the end of the study loop);
 `autotune confirm` adds rounds; repeats are interleaved rows of their own with one fresh seed per round;
-Optuna's values stay the first runs'; `show` and `export` speak of the confirmed medians."""
+Optuna's values stay the first runs'; `show` and `export` speak of the confirmed medians and the verdict."""
 
 from __future__ import annotations
 
@@ -95,17 +95,15 @@ def test_confirm_on_the_simulator(tmp_path: Path, servers_in, sim_spec) -> None:
     assert "4 repeat(s)" in text and "first run" in text
     out = tmp_path / "best.yaml"
     p = _cli("export", "--storage", url, "--format", "vllm-yaml", "-o", str(out), cwd=tmp_path)
-    survivors = [n for n, c in show["confirmations"].items() if c["survives"]]
-    if survivors:
-        assert p.returncode == 0, p.stderr
-        head = out.read_text()
-        assert "# confirmed: 4 repeats on fresh servers" in head and f"trial {show['best']} " in head
-        assert str(show["best"]) in survivors
-        if show["best"] != 0:
-            assert "# against the baseline: capacity_tps x" in head and "paired rounds" in head
-        else:
-            assert "no candidate beat vLLM's defaults" in head
-    else:      # the simulator's noise on a loaded machine can drop both: then nothing is exported
-        assert p.returncode == 1 and "no candidate survived confirmation" in p.stderr
-        assert "NOTHING SURVIVED CONFIRMATION" in text
+    # the simulator's repeats neither crash nor break the SLO at one stream: both stay, and the export is
+    # the best confirmed median whose verdict is not "worse" (the baseline when none beats it)
+    assert p.returncode == 0, p.stderr
+    assert all(c["survives"] for c in show["confirmations"].values())
+    head = out.read_text()
+    assert "# confirmed: 4 repeats on fresh servers" in head and f"trial {show['best']} " in head
+    if show["best"] != 0:
+        assert "# against the baseline: capacity_tps x" in head and "paired rounds" in head
+        assert not show["confirmations"][str(show["best"])]["verdict"][0]["worse"]
+    else:
+        assert "# this is the baseline (vLLM's defaults): no candidate beat it after confirmation: #1" in head
     assert not servers_in(tmp_path, "sim-serve")

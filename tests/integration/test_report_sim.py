@@ -32,7 +32,8 @@ def sim_study(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, str
             "search_space": "default", "workload": {"kind": "random", "input_len": 512, "output_len": 64},
             "slo": "ttft:p99<=1s", "load": {"mode": "capacity", "search": "concurrency", "max_steps": 3,
                                             "requests_per_step": 40, "warmup": 2},
-            "telemetry": {"source": "sim", "hz": 5}, "storage": f"sqlite:///{tmp}/rep.db", "seed": 0}
+            "telemetry": {"source": "sim", "hz": 5}, "storage": f"sqlite:///{tmp}/rep.db", "seed": 0,
+            "confirm": {"max_extra": 0}}
     (tmp / "rep.yaml").write_text(yaml.safe_dump(spec))
     report = tmp / "report.html"
     run = subprocess.run([sys.executable, "-m", "autotune", "run", "--study", str(tmp / "rep.yaml"), "--n-trials", "4",

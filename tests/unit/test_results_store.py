@@ -5,6 +5,7 @@ import yaml
 from autotune.export.formats import as_json, config_mapping, serve_command, vllm_yaml
 from autotune.store.queries import best_trial, is_feasible, pareto_front
 from autotune.store.repository import ResultStore
+from autotune.tuner.verdict import quality_changes
 from autotune.tuner.objectives import failure_constraints, measured_constraints, pick, placeholder_values
 from autotune.slo import SLO
 
@@ -60,10 +61,13 @@ def test_vllm_yaml_writes_off_booleans_as_no_flags(tmp_path):
     text = vllm_yaml(study, t1)
     assert yaml.safe_load(text) == cfg and "WARNING" not in text
     t5 = store.trial(study.id, 5)
-    assert "changes output quality: kv_cache_dtype" in vllm_yaml(study, t5)
+    quality = quality_changes(study, t5, store.trial(study.id, 0))
+    assert quality == {"kv_cache_dtype": "fp8"} and quality_changes(study, t1, store.trial(study.id, 0)) == {}
+    assert "changes output quality: kv_cache_dtype=fp8 (quality knobs the study opted into)" in \
+        vllm_yaml(study, t5, quality=quality)
     assert serve_command(study, t1).strip() == \
         "vllm serve /m --max-model-len 1024 --max-num-seqs 64 --no-enable-prefix-caching"
-    assert '"quality_knobs": [\n    "kv_cache_dtype"\n  ]' in as_json(study, t5)
+    assert '"quality_changes": {\n    "kv_cache_dtype": "fp8"\n  }' in as_json(study, t5, quality=quality)
 
 
 def test_series_kept_only_for_chosen_trials(tmp_path):

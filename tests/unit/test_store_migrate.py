@@ -9,7 +9,7 @@ from pathlib import Path
 
 from autotune.store.migrate import migrate
 from autotune.store.repository import ResultStore
-from autotune.tuner.verdict import export_choice
+from autotune.tuner.winner import export_choice
 
 OLD_DB = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu" / "h200-llama8b.db"
 

@@ -1,0 +1,125 @@
+"""The one choice of what is exported (every export format, `show`, the report and the deploy kit ask
+this), decided by the confirmation's verdict once there is one.
+
+Among the configurations that survived their repeats (tuner/verdict.py), the export is the best
+confirmed median on the study's first objective whose paired verdict against the baseline on that
+objective is not "worse" (beyond noise and in the bad direction); the baseline itself is one of them,
+so when no candidate beats it the defaults are exported, with the verdict that says why. Where the study
+opted into quality knobs, a configuration that changes output quality may win (its export says so and
+names the knobs); `output_preserving` leaves those out. Nothing is exported only when the baseline did
+not survive its own repeats and no candidate qualifies. Without confirmations, the best feasible trial
+that carries no measurement flag, marked UNCONFIRMED: a flagged trial is never exported unconfirmed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from autotune.store.models import ConfirmationRecord, StudyRecord, TrialRecord
+from autotune.store.queries import best_trial
+from autotune.tuner.verdict import Confirmed, first_key, flags_of, quality_changing, summarize_confirmations
+
+
+@dataclass
+class ExportChoice:
+    trial: TrialRecord | None
+    confirmed: Confirmed | None      # None: exported on its first run (nothing confirmed, no flag)
+    why: str                         # one line: why this trial, or why none
+    notes: list[str] = field(default_factory=list)   # the verdict behind a baseline export: each candidate's
+
+
+def export_choice(study: StudyRecord, trials: Sequence[TrialRecord], rows: Sequence[ConfirmationRecord],
+                  output_preserving: bool = False) -> ExportChoice:
+    """What `export` writes when no trial is named (see the module's docstring); `output_preserving`
+    leaves out every configuration that changes output quality."""
+    confirmed = summarize_confirmations(study, trials, rows)
+    baseline = next((t for t in trials if t.role == "baseline"), None)
+    if output_preserving:
+        trials = [t for t in trials if not quality_changing(study, t, baseline)]
+        confirmed = {n: c for n, c in confirmed.items() if not c.quality_changing}
+    pending_note = ""
+    if confirmed:
+        pending = {n: c for n, c in confirmed.items() if c.pending}
+        if not pending:
+            return _by_verdict(study, confirmed, baseline, output_preserving)
+        # a confirmation cut short (timeout, Ctrl-C) decides nothing yet: the first runs' rule applies,
+        # without the trials a finished repeat already dropped
+        reasons = "; ".join(f"trial {n}: {c.why_not}" for n, c in sorted(pending.items()))
+        dropped = {n for n, c in confirmed.items() if not c.pending and not c.survives}
+        trials = [t for t in trials if t.number not in dropped]
+        pending_note = f"; confirmation not finished ({reasons}): `autotune confirm` continues it"
+    clean = [t for t in trials if not flags_of(t)]
+    best = best_trial(study, clean)
+    overall = best_trial(study, list(trials))
+    kind = "output-preserving " if output_preserving else ""
+    if best is None:
+        if overall is not None:
+            return ExportChoice(None, None, f"the only feasible {kind}trials carry measurement flags (trial "
+                                            f"{overall.number}: {', '.join(flags_of(overall))}) and none is "
+                                            f"confirmed: run `autotune confirm`" + pending_note)
+        return ExportChoice(None, None, f"no feasible {kind}trial in study {study.name!r} to export" + pending_note)
+    why = f"trial {best.number}: best feasible {kind}trial on {study.objectives[0][0]}, UNCONFIRMED (first run only)"
+    if overall is not None and overall is not best:
+        why += (f"; trial {overall.number} measured better but carries {', '.join(flags_of(overall))} "
+                f"and is not confirmed")
+    return ExportChoice(best, None, why + pending_note)
+
+
+def _by_verdict(study: StudyRecord, confirmed: dict[int, Confirmed], baseline: TrialRecord | None,
+                output_preserving: bool) -> ExportChoice:
+    name = study.objectives[0][0]
+    base = confirmed.get(baseline.number) if baseline is not None else None
+    candidates = sorted((c for c in confirmed.values() if c is not base), key=lambda c: c.trial.number)
+    eligible = [c for c in candidates if c.survives and not _worse(c, name)]
+    pool = eligible + ([base] if base is not None and base.survives else [])
+    kind = "output-preserving " if output_preserving else ""
+    if not pool:
+        base_why = (f"the baseline #{base.trial.number} did not survive its repeats ({base.why_not})" if base is not None
+                    else "the baseline was not measured in the confirmation (its first run was not feasible)")
+        return ExportChoice(None, None, f"{base_why} and no {kind}candidate qualifies: "
+                                        + ("; ".join(_standing(c, base, name) for c in candidates) or "none confirmed"))
+    best = min(pool, key=lambda c: (first_key(study, c.medians), c is not base))   # a tie: the defaults
+    if best is base:
+        notes = ([f"no {kind}candidate beat it after confirmation: "
+                  + "; ".join(_standing(c, base, name) for c in candidates)] if candidates
+                 else [f"no {kind}candidate was confirmed beside it"])
+        return ExportChoice(best.trial, best, f"trial {best.trial.number}: the baseline (vLLM's defaults), best "
+                                              f"confirmed median on {name} over {len(best.rows)} repeats", notes)
+    v = best.verdict(name)
+    said = (f", {name} against the baseline: {'better' if v.better else 'no gain beyond noise'}"
+            if v is not None and v.interval is not None else ", no paired verdict against the baseline")
+    return ExportChoice(best.trial, best, f"trial {best.trial.number}: best confirmed {kind}median on {name} over "
+                                          f"{len(best.rows)} repeats{said}")
+
+
+def _worse(c: Confirmed, name: str) -> bool:
+    v = c.verdict(name)
+    return v is not None and v.worse
+
+
+def _standing(c: Confirmed, base: Confirmed | None, name: str) -> str:
+    """One candidate against the baseline, in the words of the verdict: why it is not the export."""
+    n = f"#{c.trial.number}"
+    if not c.survives:
+        return f"{n} left the front ({c.why_not})"
+    v = c.verdict(name)
+    if v is None or v.interval is None:
+        return f"{n} has no paired verdict ({v.text() if v else 'no baseline rounds'})"
+    if v.worse:
+        return f"{n} is worse ({v.text()})"
+    both = base is not None and name in base.medians and name in c.medians
+    return f"{n}: {v.text()}" + (f"; its median {c.medians[name]:.4g} against the baseline's "
+                                 f"{base.medians[name]:.4g}" if both else "")
+
+
+def unconfirmed_flagged(trial: TrialRecord, rows: Sequence[ConfirmationRecord], study: StudyRecord,
+                        trials: Sequence[TrialRecord]) -> str | None:
+    """Why an explicitly named trial may not be exported (flagged and not a confirmed survivor), or None."""
+    if not flags_of(trial):
+        return None
+    c = summarize_confirmations(study, trials, rows).get(trial.number)
+    if c is not None and c.survives:
+        return None
+    return (f"trial {trial.number} carries {', '.join(flags_of(trial))} and is not confirmed"
+            + (f" ({c.why_not})" if c is not None else "") + ": run `autotune confirm` first")

@@ -335,3 +335,27 @@ async def _replay_on_schedule(replay, attempts: int = 3):
 @pytest.fixture()
 def replay_on_schedule():
     return _replay_on_schedule
+
+
+def _wait_until(condition: Any, timeout: float = 60.0, what: Any = "the condition", every: float = 0.05) -> Any:
+    """Poll `condition()` until it returns something truthy, and return that. A test waits for the event
+    it needs this way, never for a fixed time: a loaded two-core machine makes every event late, and a
+    sleep followed by an assertion on what happened meanwhile fails there. `timeout` is a generous cap
+    (the event is not expected to need it); past it the test fails with `what` (a string, or a callable
+    giving one, e.g. the output so far)."""
+    import time
+
+    end = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() >= end:
+            pytest.fail(f"gave up after {timeout:g} s waiting for {what() if callable(what) else what}")
+        time.sleep(every)
+
+
+@pytest.fixture()
+def wait_until():
+    """`wait_until(condition, timeout=60, what=...)`: see _wait_until."""
+    return _wait_until

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from typing import AsyncContextManager
 
 import pytest
@@ -23,7 +24,7 @@ from autotune.bench.client import StreamClient
 from autotune.bench.mockserver import serve
 from autotune.bench.workloads import Prompt
 
-GAP_S = 0.05   # between scripted events: far above loopback and scheduling noise
+GAP_S = 0.05   # between scripted events
 
 
 def _event(obj: dict) -> bytes:
@@ -46,38 +47,46 @@ SCRIPT: list[tuple[int, bytes]] = [
 ]
 
 
-async def _stream(request: web.Request) -> web.StreamResponse:
-    body = await request.json()
-    assert body["stream"] and body["stream_options"] == {"include_usage": True}
-    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-    await resp.prepare(request)
-    for gaps, data in SCRIPT:
-        await asyncio.sleep(gaps * GAP_S)
-        await resp.write(data)
-    await resp.write_eof()
-    return resp
+def _server(written: list[float]) -> AsyncContextManager[str]:
+    """The scripted stream; `written` gets the moment each event is written (perf_counter, the client's
+    clock). Server and client share one event loop, so the client has read an event before the server
+    writes the next: each client timestamp falls between two of these, however late a busy machine
+    runs both."""
+    async def stream(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        assert body["stream"] and body["stream_options"] == {"include_usage": True}
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for gaps, data in SCRIPT:
+            await asyncio.sleep(gaps * GAP_S)
+            written.append(time.perf_counter())
+            await resp.write(data)
+        await resp.write_eof()
+        return resp
 
-
-def _server() -> AsyncContextManager[str]:
     app = web.Application()
-    app.router.add_post("/v1/completions", _stream)
+    app.router.add_post("/v1/completions", stream)
     return serve(app)
 
 
 async def test_first_token_is_the_first_chunk_with_choices_even_if_its_text_is_empty() -> None:
-    async with _server() as url, StreamClient(url, "m") as client:
+    written: list[float] = []
+    async with _server(written) as url, StreamClient(url, "m") as client:
         r = await client.request(Prompt(text="x", input_tokens=7, output_len=5))
     assert r.ok
-    tol = GAP_S * 1000 * 0.6
-    assert r.ttft_ms == pytest.approx(2 * GAP_S * 1000, abs=tol)      # the "" chunk, not the "a" one
+    first, last = r.start_s + r.ttft_ms / 1000, r.start_s + r.e2el_ms / 1000
+    assert r.ttft_ms >= 2 * GAP_S * 1000 - 1                           # the first event comes 2 gaps in
+    assert written[0] <= first <= written[1] + 1e-6                    # the "" chunk, not the "a" one
     assert len(r.itl_ms) == 3                                          # 4 chunks with choices
-    assert r.e2el_ms == pytest.approx(5 * GAP_S * 1000, abs=tol)       # last token, not the usage chunk
+    assert written[3] <= last <= written[4] + 1e-6                     # last token, not the usage chunk
 
 
 async def test_tpot_divides_by_the_servers_token_count_not_the_chunk_count() -> None:
-    async with _server() as url, StreamClient(url, "m") as client:
+    written: list[float] = []
+    async with _server(written) as url, StreamClient(url, "m") as client:
         r = await client.request(Prompt(text="x", input_tokens=7, output_len=5))
     assert r.output_tokens == 5 and r.input_tokens == 7
     assert r.ttft_ms is not None and r.e2el_ms is not None and r.tpot_ms is not None
     assert r.tpot_ms == pytest.approx((r.e2el_ms - r.ttft_ms) / 4)
-    assert r.tpot_ms == pytest.approx(3 * GAP_S * 1000 / 4, abs=GAP_S * 1000 * 0.3)
+    # from the "" chunk to the "d" one (3 gaps when nothing is late), over 4 tokens, not 3 chunks
+    assert (written[3] - written[1]) / 4 - 1e-6 <= r.tpot_ms / 1000 <= (written[4] - written[0]) / 4 + 1e-6

@@ -102,11 +102,14 @@ def test_argv_fills_placeholders_for_a_container():
 def test_launch_ready_env_and_startup_figures(fake, tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_MODE", "serve")
     req = request(tmp_path, ["--max-num-seqs", "8"], gpus=(1,), env={"EXTRA": "yes"})
+    started = time.monotonic()
     server = fake.launch(req)
     try:
         info = server.wait_ready()
+        took = time.monotonic() - started
         assert (info.kv_cache_tokens, info.max_concurrency, info.init_engine_seconds) == (12345, 12.06, 0.4)
-        assert info.engine_version == "0.99.1" and 0.5 <= info.startup_seconds < 10
+        # from the launch to ready: the fake's 0.5 s at least, and no more than the test saw pass
+        assert info.engine_version == "0.99.1" and 0.5 <= info.startup_seconds <= took + 0.001
         assert logged(req.log_path, "ARGV")[-2:] == ["--max-num-seqs", "8"]
         assert logged(req.log_path, "ENV") == {"VLLM_SERVER_DEV_MODE": "1", "CUDA_VISIBLE_DEVICES": "1", "EXTRA": "yes"}
         assert server.url == f"http://127.0.0.1:{req.port}" and server.pgid == server.pid and server.create_time > 0
@@ -123,7 +126,7 @@ def test_early_exit_is_reported_at_once_with_its_cause(fake, tmp_path, monkeypat
     started = time.monotonic()
     with pytest.raises(EngineFailure) as caught:
         server.wait_ready()
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 30                 # at once: not at the 60 s startup timeout
     assert caught.value.cause == causes.STARTUP_OOM and caught.value.exit_code == 1
     assert caught.value.detail.startswith("Free memory on device cuda:0 (1.0/80.0 GiB)")
     assert "ValueError" in caught.value.log_tail
@@ -142,7 +145,7 @@ def test_death_after_ready_is_classified_from_the_log(fake, tmp_path, monkeypatc
     monkeypatch.setenv("FAKE_MODE", "oom-later")
     server = fake.launch(request(tmp_path))
     server.wait_ready()
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60
     while server.alive() and time.monotonic() < deadline:
         time.sleep(0.1)
     failure = server.failure()
@@ -199,8 +202,8 @@ def test_a_command_that_prints_no_help_is_a_user_error(tmp_path):
 
 def test_release_wait_without_gpus_waits_for_the_port_only(fake):
     started = time.monotonic()
-    fake.release_wait(find_free_port(), gpus=(), timeout_s=5)
-    assert time.monotonic() - started < 1
+    fake.release_wait(find_free_port(), gpus=(), timeout_s=60)
+    assert time.monotonic() - started < 10                 # at once: not at the 60 s timeout
 
 
 def test_version_from_a_launch_banner_when_the_command_has_no_version_flag(tmp_path, monkeypatch):

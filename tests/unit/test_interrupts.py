@@ -31,7 +31,7 @@ def test_signal_inside_the_event_loop_reaches_the_study(sig, reason):
         with pytest.raises(Interrupted) as caught:
             async def main():
                 asyncio.get_running_loop().call_later(0.2, os.kill, os.getpid(), sig)
-                return await _guarded_work(5)
+                return await _guarded_work(60)
             asyncio.run(main())
     assert caught.value.reason == reason
     assert signal.getsignal(sig) == before    # handlers restored
@@ -40,34 +40,36 @@ def test_signal_inside_the_event_loop_reaches_the_study(sig, reason):
 def test_deadline_interrupts_a_blocking_wait():
     with _interrupts(loop=None, deadline=time.monotonic() + 0.3):  # type: ignore[arg-type]
         with pytest.raises(Interrupted) as caught:
-            time.sleep(5)
+            time.sleep(60)
     assert caught.value.reason == "timeout"
 
 
 def _interrupt_worker(main, reason: str) -> tuple[list[str], float]:
-    """Run `main()` through run_async in a worker thread with a gate, interrupt it after 0.2 s; returns
-    the reasons the worker caught and the seconds from the interrupt to the worker's end."""
+    """Run `main(ready)` through run_async in a worker thread with a gate, interrupt it once it has set
+    `ready` (a threading.Event); returns the reasons the worker caught and the seconds from the interrupt
+    to the worker's end."""
     import threading
 
     from autotune.tuner.interrupts import Gate, interruptible, run_async, set_gate
 
     caught: list[str] = []
+    ready = threading.Event()
 
     def worker(gate: Gate) -> None:
         set_gate(gate)
         try:
             with interruptible():
-                run_async(main())
+                run_async(main(ready))
         except Interrupted as e:
             caught.append(e.reason)
 
     gate = Gate()
     thread = threading.Thread(target=worker, args=(gate,))
     thread.start()
-    time.sleep(0.2)
+    assert ready.wait(60), "the worker's event loop never got going"
     t0 = time.monotonic()
     gate.interrupt(reason)
-    thread.join(timeout=5)
+    thread.join(timeout=60)
     return caught, time.monotonic() - t0
 
 
@@ -81,14 +83,16 @@ def test_a_worker_thread_is_interrupted_inside_an_asyncio_task_without_noise(cap
             sum(range(2000))
             await asyncio.sleep(0)
 
-    async def main() -> None:
+    async def main(ready) -> None:
         loop = asyncio.get_running_loop()
         tasks = [loop.create_task(spin()) for _ in range(4)]  # noqa: F841 - fire and forget
+        await asyncio.sleep(0)                                 # the tasks are running
+        ready.set()
         await asyncio.sleep(30)
 
     caught, took = _interrupt_worker(main, "SIGTERM")
     gc.collect()
-    assert caught == ["SIGTERM"] and took < 2
+    assert caught == ["SIGTERM"] and took < 10                 # at once, not after the 30 s sleep
     assert "Traceback" not in capsys.readouterr().err
 
 
@@ -109,7 +113,8 @@ def test_a_cancellation_swallowed_on_the_way_is_escalated(monkeypatch):
 
     monkeypatch.setattr(Gate, "ESCALATE_S", 0.3)
 
-    async def stubborn() -> None:
+    async def stubborn(ready) -> None:
+        ready.set()
         try:                        # like a load step awaiting a task it cancelled itself
             await asyncio.sleep(30)
         except asyncio.CancelledError:
@@ -117,4 +122,4 @@ def test_a_cancellation_swallowed_on_the_way_is_escalated(monkeypatch):
         await asyncio.sleep(30)     # ... and going on to the next step
 
     caught, took = _interrupt_worker(stubborn, "SIGINT")
-    assert caught == ["SIGINT"] and 0.25 < took < 2
+    assert caught == ["SIGINT"] and 0.25 < took < 10          # escalated after ESCALATE_S, not after 30 s

@@ -41,7 +41,7 @@ TREE = textwrap.dedent("""
 """)
 
 
-def wait_for(predicate, timeout=5.0):
+def wait_for(predicate, timeout=60.0):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
@@ -82,7 +82,7 @@ def test_stop_group_takes_the_whole_tree_incl_term_ignorers_and_escapees(tmp_pat
     stop_group(proc.pid, proc.pid, grace_s=0.5, popen=proc)
     took = time.monotonic() - started
     assert all(gone(pid) for pid in [proc.pid, *kids])
-    assert 0.5 <= took < 5  # the SIGTERM-ignoring child forced the SIGKILL after the grace
+    assert 0.5 <= took < 30  # the SIGTERM-ignoring child forced the SIGKILL after the grace, not its 60 s
     assert proc.returncode is not None  # the leader was reaped, not left a zombie
     stop_group(proc.pid, proc.pid, grace_s=0.5, popen=proc)  # already gone: a no-op, no error
 
@@ -104,12 +104,12 @@ def test_parent_death_signal_stops_the_server_when_the_tuner_is_sigkilled(tmp_pa
     """)
     outer = spawn([sys.executable, "-c", tuner], tmp_path / "tuner.log")
     try:
-        assert wait_for(lambda: pidfile.exists() and pidfile.read_text(), 10), (tmp_path / "tuner.log").read_text()
+        assert wait_for(lambda: pidfile.exists() and pidfile.read_text()), (tmp_path / "tuner.log").read_text()
         server = int(pidfile.read_text())
         assert not gone(server)
         os.kill(outer.pid, signal.SIGKILL)
-        outer.wait(timeout=5)
-        assert wait_for(lambda: gone(server), 5)
+        outer.wait(timeout=60)
+        assert wait_for(lambda: gone(server))
     finally:
         stop_group(outer.pid, outer.pid, grace_s=0.5, popen=outer)
 
@@ -124,7 +124,7 @@ def test_kill_leftovers_stops_exactly_the_recorded_groups(tmp_path):
         stopped = kill_leftovers([rec_a, (reused.pid, reused.pgid, reused.create_time), (999_999_9, 999_999_9, 1.0)],
                                  grace_s=1.0)
         assert stopped == [rec_a]
-        a.wait(timeout=5)
+        a.wait(timeout=60)
         assert b.poll() is None  # untouched: create_time did not match
     finally:
         for p in (a, b):
@@ -138,10 +138,10 @@ def test_kill_leftovers_finds_orphans_of_a_dead_leader(tmp_path):
     rec = record_of(proc.pid)
     try:
         os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=5)
+        proc.wait(timeout=60)
         assert not gone(kids[0])  # the in-group child outlived its leader
         assert kill_leftovers([rec], grace_s=0.3) == [rec]
-        assert wait_for(lambda: gone(kids[0]), 3)
+        assert wait_for(lambda: gone(kids[0]))
     finally:
         stop_group(kids[1], kids[1], grace_s=0.3)  # the escapee has its own group
 

@@ -151,10 +151,12 @@ def test_the_twin_warm_start_enqueues_its_picks_after_the_baseline(tmp_path: Pat
 
     calls: list[dict[str, Any]] = []
     ranked_until = [0.0]
+    baseline_launched = threading.Event()
 
     def fake_twin(*args: Any, **kwargs: Any) -> Any:
         def predict(params: dict[str, Any]) -> dict[str, float]:
             if threading.current_thread().name.startswith("warm-start"):   # the ranking, not a trial's own
+                baseline_launched.wait(60)     # a ranking that outlasts the baseline's launch, on any machine
                 time.sleep(0.02)                                           # prediction beside it
                 calls.append(dict(params))
                 ranked_until[0] = time.monotonic()
@@ -165,6 +167,7 @@ def test_the_twin_warm_start_enqueues_its_picks_after_the_baseline(tmp_path: Pat
 
     def fail(flags: Sequence[str]) -> tuple[str, str]:
         launched.append(time.monotonic())
+        baseline_launched.set()
         return causes.CRASH, "exit code 1"
 
     monkeypatch.setattr(search_hooks, "twin_predictor", fake_twin)

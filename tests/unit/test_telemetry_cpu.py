@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import psutil
 import pytest
@@ -14,20 +13,20 @@ import pytest
 from autotune.errors import UserError
 from autotune.telemetry import TelemetryTarget, format_summary, get_source, objectives
 
-# A parent that idles and, after 0.3 s, starts a child that holds ~200 MiB and spins one core.
+# A parent that idles until the test writes a line, then starts a child that holds ~200 MiB and spins
+# one core until the fixture kills the group.
 TREE = r"""
-import subprocess, sys, time
-time.sleep(0.3)
+import subprocess, sys
+sys.stdin.readline()
 child = subprocess.Popen([sys.executable, "-c",
-    "b = bytearray(200 * 1024 * 1024)\nfor i in range(0, len(b), 4096): b[i] = 1\n"
-    "import time\nt = time.time()\nwhile time.time() - t < 30: pass"])
+    "b = bytearray(200 * 1024 * 1024)\nfor i in range(0, len(b), 4096): b[i] = 1\nwhile True: pass"])
 child.wait()
 """
 
 
 @pytest.fixture
 def tree() -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-c", TREE], start_new_session=True)
+    proc = subprocess.Popen([sys.executable, "-c", TREE], start_new_session=True, stdin=subprocess.PIPE, text=True)
     yield proc
     try:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -36,10 +35,18 @@ def tree() -> subprocess.Popen:
     proc.wait()
 
 
-def test_follows_children_that_appear_after_start(tree: subprocess.Popen) -> None:
+def test_follows_children_that_appear_after_start(tree: subprocess.Popen, wait_until) -> None:
     sampler = get_source("cpu").sampler(TelemetryTarget(server_pid=tree.pid), hz=20)
     sampler.start()
-    time.sleep(1.6)
+    wait_until(lambda: sampler.series.seen >= 1, what="a first sample of the parent alone")
+    tree.stdin.write("go\n")
+    tree.stdin.flush()
+
+    def child_seen() -> bool:     # its buffer counted, and it measured busy, over 20 samples or more
+        rows = list(sampler.series.rows)
+        return (len(rows) >= 20 and any(r["procs"] == 2 and r["rss_mib"] > 200 for r in rows)
+                and any(r["procs"] == 2 and r.get("cpu_pct", 0) > 50 for r in rows))
+    wait_until(child_seen, what=lambda: f"the busy child in the samples: {list(sampler.series.rows)[-5:]}")
     s = sampler.stop()
     assert s.source == "cpu" and s.samples >= 20
     assert max(r["procs"] for r in s.series) == 2 and s.series[0]["procs"] == 1
@@ -61,12 +68,16 @@ def test_server_that_is_gone() -> None:
         get_source("cpu").sampler(TelemetryTarget(server_pid=proc.pid)).start()
 
 
-def test_server_that_dies_mid_window(tree: subprocess.Popen) -> None:
+def test_server_that_dies_mid_window(tree: subprocess.Popen, wait_until) -> None:
     sampler = get_source("cpu").sampler(TelemetryTarget(server_pid=tree.pid), hz=20)
+    reads = []                                # the sampler's reads, counted
+    read = sampler.probe.read
+    sampler.probe.read = lambda t: reads.append(t) or read(t)
     sampler.start()
-    time.sleep(0.3)
+    wait_until(lambda: sampler.series.seen >= 3, what="three samples of the live process")
     os.killpg(tree.pid, signal.SIGKILL)
     tree.wait()
-    time.sleep(0.3)
+    after = len(reads)
+    wait_until(lambda: len(reads) >= after + 2, what="two reads after the process died")
     s = sampler.stop()                        # no exception; what was read before the crash is kept
     assert s.samples >= 3 and s.rss_peak_mib is not None

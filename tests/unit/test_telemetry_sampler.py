@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import threading
 import time
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from autotune.telemetry import TelemetryTarget
+from autotune.telemetry import TelemetryTarget, _poll
 from autotune.telemetry._poll import PollingSampler, Probe
 from autotune.telemetry._stats import RunningStats, SeriesBuffer, decimate
 from autotune.telemetry.base import TelemetrySummary
@@ -17,8 +18,8 @@ from autotune.telemetry.base import TelemetrySummary
 class CountingProbe(Probe):
     source = "test"
 
-    def __init__(self, delay_s: float = 0.0, fail_every: int = 0) -> None:
-        self.delay_s, self.fail_every = delay_s, fail_every
+    def __init__(self, fail_every: int = 0, clock: list[float] | None = None, read_s: float = 0.0) -> None:
+        self.fail_every, self.clock, self.read_s = fail_every, clock, read_s    # clock: the sampler's, faked
         self.reads, self.opened, self.closed = 0, 0, 0
 
     def open(self) -> None:
@@ -26,8 +27,8 @@ class CountingProbe(Probe):
 
     def read(self, t: float) -> dict[str, Any] | None:
         self.reads += 1
-        if self.delay_s:
-            time.sleep(self.delay_s)
+        if self.clock is not None:
+            self.clock[0] += self.read_s                    # a read that takes read_s on the sampler's clock
         if self.fail_every and self.reads % self.fail_every == 0:
             raise RuntimeError("driver hiccup")
         return {"t": t, "n": self.reads}
@@ -43,28 +44,33 @@ def telemetry_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name.startswith("autotune-")]
 
 
-def test_paces_at_hz_and_joins_its_thread() -> None:
+def test_paces_at_hz_and_joins_its_thread(wait_until) -> None:
     probe = CountingProbe()
     s = PollingSampler(probe, TelemetryTarget(), hz=50.0)
+    before = time.monotonic()
     s.start()
     assert len(telemetry_threads()) == 1
-    time.sleep(0.5)
+    wait_until(lambda: s.series.seen >= 20, what="20 samples")
     summary = s.stop()
+    took = time.monotonic() - before
     assert telemetry_threads() == []
-    assert 18 <= summary.samples <= 27                     # 50 Hz x 0.5 s, with scheduling slack
-    assert probe.opened == probe.closed == 1
-    assert summary.duration_s == pytest.approx(0.5, abs=0.1)
-    assert summary.series[0]["t"] < 0.01 and summary.series[-1]["t"] > 0.4
+    assert summary.samples >= 20 and probe.opened == probe.closed == 1
+    # never faster than 50 Hz: each read starts a whole period after the one before (a busy machine can
+    # only make the gaps longer)
+    ts = [r["t"] for r in summary.series]
+    assert len(ts) == summary.samples and all(b - a >= 0.02 - 1e-4 for a, b in zip(ts, ts[1:]))
+    assert ts[-1] - 0.001 <= summary.duration_s <= took + 0.001      # the window holds every sample
 
 
-def test_stop_is_prompt_at_low_rate_and_idempotent() -> None:
+def test_stop_is_prompt_at_low_rate_and_idempotent(wait_until) -> None:
     s = PollingSampler(CountingProbe(), TelemetryTarget(), hz=0.2)      # one sample per 5 s
     s.start()
-    time.sleep(0.05)
+    wait_until(lambda: s.series.seen >= 1, what="the first sample")
     t = time.monotonic()
     first = s.stop()
-    assert time.monotonic() - t < 0.5                      # the wait is interruptible, not a sleep
+    assert time.monotonic() - t < 2.5                      # the wait is interruptible: not the rest of 5 s
     assert s.stop() is first and first.samples == 1
+    assert first.series[0]["t"] < 2.5                      # the first sample at once, not after a period
     with pytest.raises(RuntimeError):
         s.start()                                          # one window per sampler
 
@@ -75,21 +81,26 @@ def test_stop_without_start_gives_an_empty_summary() -> None:
     assert summary.samples == 0 and summary.series == [] and probe.reads == 0
 
 
-def test_probe_errors_are_recorded_not_raised() -> None:
+def test_probe_errors_are_recorded_not_raised(wait_until) -> None:
     s = PollingSampler(CountingProbe(fail_every=2), TelemetryTarget(), hz=100)
     s.start()
-    time.sleep(0.2)
+    wait_until(lambda: s.series.seen > 3, what="four samples")
     summary = s.stop()
     assert summary.samples > 3 and "driver hiccup" in (summary.note or "")
     assert telemetry_threads() == []
 
 
-def test_overhead_per_sample_is_the_read_time() -> None:
-    s = PollingSampler(CountingProbe(delay_s=0.004), TelemetryTarget(), hz=50)
+def test_overhead_per_sample_is_the_read_time(monkeypatch: pytest.MonkeyPatch, wait_until) -> None:
+    # the sampler's clock moves only while the probe reads (4 ms a read), so the overhead it reports is
+    # the reads' time exactly, however busy the machine (the real waits between reads are not counted)
+    clock = [100.0]
+    monkeypatch.setattr(_poll, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    s = PollingSampler(CountingProbe(clock=clock, read_s=0.004), TelemetryTarget(), hz=50)
     s.start()
-    time.sleep(0.3)
+    wait_until(lambda: s.series.seen >= 5, what="five samples")
     summary = s.stop()
-    assert 4.0 <= summary.overhead_ms_per_sample < 8.0
+    assert summary.overhead_ms_per_sample == pytest.approx(4.0)
+    assert summary.duration_s == pytest.approx(0.004 * summary.samples)
 
 
 def test_series_memory_is_bounded_and_spans_the_whole_run() -> None:

@@ -25,6 +25,7 @@ GUARD = 0.1                # fraction of the bracket kept clear at each end
 DEFAULT_MAX_BRACKET = 0.25 # a capacity known only within +-25 % cannot rank configs that differ by 5 %
 DEFAULT_REFINE_STEPS = 2   # extra steps a wide bracket may spend before the trial is flagged instead
 
+
 class StepSearch:
     """The choice of the next load from the steps so far. `hinted`: the first step was a hint's met end,
     near the expected crossing, so a single passing step grows by its headroom (1.25x-4x) instead of the

@@ -1,10 +1,11 @@
 """The twin's predictions kept on disk, so that a second study of the same model, GPU, workload and space
 ranks at once instead of spending minutes of CPU beside its baseline's start.
 
-One JSON file per key under the storage's folder (`twin-rankings/`): the key hashes everything a
-prediction depends on (the model, the GPU and how many, the fixed flags, the search space's fingerprint,
-the workload, the SLO, the requests a simulated step sends), and the file maps each candidate's rendered
-flags to the twin's prediction (null: it cannot start). Candidates are drawn with the study's seed, so a
+One JSON file per key in `twin-rankings/` beside the study's log folder (the SQLite file's folder for a
+`run`, LOG_DIR/HOST for the daemon): the key hashes everything a prediction depends on (the model, the
+GPU and how many, the fixed flags, the search space's fingerprint, the workload, the SLO, the requests a
+simulated step sends), and the file maps each candidate's rendered flags to the twin's prediction (null:
+it cannot start). Candidates are drawn with the study's seed, so a
 study with the same seed and count finds every prediction here; another seed finds those it shares.
 Writes go to a temporary file and are renamed over the old one, merged with what is there, so studies
 writing at once lose nothing worse than each other's latest additions. The twin is simulated: the

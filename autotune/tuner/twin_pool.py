@@ -73,6 +73,7 @@ class TwinPool:
     workers: int = 0                 # 0: one per core, up to MAX_WORKERS
     predict: Predictor | None = None   # rank in a thread of this process with it instead (a predictor that
     #                                    cannot cross processes, e.g. a test's stand-in)
+    nice: int = 19                   # the workers' CPU priority (19: the lowest)
     _got: dict[int, Any] = field(default_factory=dict, init=False)
     _error: str | None = field(default=None, init=False)
     _done: threading.Event = field(default_factory=threading.Event, init=False)
@@ -101,7 +102,7 @@ class TwinPool:
         cores = tuple(self.cores) or tuple(sorted(os.sched_getaffinity(0)))
         assert self.job is not None
         for w in range(n):
-            p = ctx.Process(target=_work, args=(self.job, self._tasks, self._results, self._allowed, w, cores),
+            p = ctx.Process(target=_work, args=(self.job, self._tasks, self._results, self._allowed, w, cores, self.nice),
                             name=f"twin-rank-{w}", daemon=True)
             p.start()
             self._procs.append(p)
@@ -171,13 +172,14 @@ class TwinPool:
         self._done.set()
 
 
-def _work(job: TwinJob, tasks: Any, results: Any, allowed: Any, index: int, cores: tuple[int, ...]) -> None:
-    """A worker: lowest priority, the given cores, dies with its parent; predicts chunks until none are
-    left or it is retired."""
+def _work(job: TwinJob, tasks: Any, results: Any, allowed: Any, index: int, cores: tuple[int, ...],
+          nice: int) -> None:
+    """A worker: low priority, the given cores, dies with its parent; predicts chunks until none are left
+    or it is retired."""
     from autotune.engine.process import _parent_death_signal
 
     _parent_death_signal()
-    os.nice(19)
+    os.nice(nice)
     try:
         os.sched_setaffinity(0, cores)
     except OSError:

@@ -2,9 +2,12 @@
 
 A candidate goes through what a real trial goes through: the known constraints, the memory model's
 free check, the co-tenant's free-memory refusal (vLLM's own line, so failure learning can read it),
-then a capacity search that runs autotune's own search (`autotune.bench.capacity._Search`) on the
-landscape's curve, interpolated between its stored steps and measured with 5 % noise, with the
-optional early-stopping check asked after every step exactly as `find_capacity` asks it. Each trial
+then a capacity search that takes autotune's own steps (`autotune.bench.step_choice`: `step_plan`
+and `StepSearch`, as `find_capacity` does, a step cut short bisected and a wide bracket refined) on the
+landscape's curve, interpolated between its stored steps and measured with 5 % noise, each met step's
+evidence (the SLO terms, throughput, the candidate's max-num-seqs and the twin's KV-cache size) bounding
+the next one's growth (`bench/step_bounds.py`; `evidence=False`: the search before), with the optional
+early-stopping check asked before every further step exactly as `find_capacity` asks it. Each trial
 carries its GPU seconds from a cost model fitted to the H200 runs (cost.py).
 """
 

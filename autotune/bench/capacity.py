@@ -1,11 +1,9 @@
 """Capacity under the SLO: the highest load at which every SLO term still holds, found in a few steps.
 
-A probe at one stream measures the server's unloaded speed; from it the next load is a guess scaled by
-the headroom the probe left. While every step passes, the next load extrapolates the worst term's
-relative margin (measured / limit - 1) linearly through the last two steps; latency curves bend upward
-with load, so the line overshoots and a failing step brackets the crossing quickly. Inside the bracket,
-the secant (regula falsi) picks the next load, kept away from the bracket's ends so that a bent curve
-cannot stall it on one side. A step that clearly breaks the SLO is cut short (abort.py). The prefix
+Which load comes next is step_choice.py's (a probe at one stream or a hinted start, extrapolation while
+every step passes, bounded by what the met steps say about queueing: step_bounds.py, then regula falsi
+inside the bracket); this module measures the steps. A step that clearly breaks the SLO is cut short
+(abort.py). The prefix
 cache is reset before each step (retried until the server has freed a cut-short step's requests) and
 every step draws its own prompts, so one step's cache hits cannot flatter the next.
 
@@ -37,21 +35,18 @@ from autotune.bench.metrics import slo_margins
 from autotune.bench.replay import replay_cap_note, replay_rate, replay_requests, replay_upper
 from autotune.bench.results import CapacityResult, LoadStep, Measurement, RequestRecord
 from autotune.bench.runner import run_load
+from autotune.bench.step_bounds import ServerLimits, StepEvidence
+from autotune.bench.step_choice import (DEFAULT_MAX_BRACKET, DEFAULT_REFINE_STEPS, DEFAULT_TOLERANCE, MARGIN_CAP,
+                                        StepSearch, is_wide, step_plan)
 from autotune.bench.workloads import Workload
 from autotune.errors import UserError
 from autotune.slo import SLO
 
 PROBE_REQUESTS = 20        # single-stream speed settles within a few requests; more only costs time
-MARGIN_CAP = 4.0           # an aborted step's margin is a lower bound; beyond 5x the limit it says little
-DEFAULT_TOLERANCE = 0.03   # stop once the bracket is this narrow relative to its lower end
-FINAL_SHAVE = 0.01         # the last step aims this much below the estimated crossing
-GUARD = 0.1                # fraction of the bracket kept clear at each end
 RESET_WAIT_S = 60.0        # how long a refused prefix-cache reset is retried (cancelled requests draining)
 RESET_RETRY_S = 0.5
 STEP_SEED_STRIDE = 1_000_003   # each step draws its own prompts: a failed reset cannot replay a step's prompts
 DEFAULT_WAVES = 3          # counted closed-loop waves per step: one wave's latencies are one sample of a queue
-DEFAULT_MAX_BRACKET = 0.25 # a capacity known only within +-25 % cannot rank configs that differ by 5 %
-DEFAULT_REFINE_STEPS = 2   # extra steps a wide bracket may spend before the trial is flagged instead
 
 
 def relative_margin(step: LoadStep, slo: SLO) -> float:
@@ -111,99 +106,6 @@ class StepWatch(Protocol):
         """Why the run since `begin()` did not measure the configuration alone, or None."""
 
 
-class _Search:
-    """The choice of the next load from the steps so far. `hinted`: the first step was a hint's met end,
-    near the expected crossing, so a single passing step grows by its headroom (1.25x-4x) instead of the
-    probe's 4x-16x, and at least to `expect_broken` (the hint's broken end) where there is one."""
-
-    def __init__(self, integer: bool, upper: float, tolerance: float, hinted: bool = False,
-                 expect_broken: float | None = None) -> None:
-        self.integer, self.upper, self.tolerance = integer, upper, tolerance
-        self.hinted, self.expect_broken = hinted, expect_broken
-        self.points: list[tuple[float, float, bool]] = []   # (load, relative margin, met)
-        self.cut: set[float] = set()    # loads whose step was cut short: their margin is a lower bound
-
-    def add(self, load: float, margin: float, met: bool, cut_short: bool = False) -> None:
-        self.points.append((load, margin, met))
-        if cut_short:
-            self.cut.add(load)
-
-    def bracket(self) -> tuple[tuple[float, float] | None, tuple[float, float] | None]:
-        fails = [(x, m) for x, m, ok in self.points if not ok]
-        hi = min(fails) if fails else None
-        passes = [(x, m) for x, m, ok in self.points if ok and (hi is None or x < hi[0])]
-        return (max(passes) if passes else None), hi
-
-    def next_load(self, final: bool = False) -> float | None:
-        """The next load to measure, None when done. On the `final` step the aim drops by FINAL_SHAVE:
-        only a passing step can raise the answer, and near the crossing a step passes or fails by noise."""
-        lo, hi = self.bracket()
-        if lo is None:
-            return None                                 # even the lowest load broke the SLO
-        if hi is None:
-            if lo[0] >= self.upper:
-                return None                             # passes at the cap: capacity is the cap
-            return self._round(min(self.upper, self._extrapolate(lo)), above=lo[0])
-        if self.integer and hi[0] - lo[0] <= 1:
-            return None
-        if (hi[0] - lo[0]) / lo[0] <= self.tolerance:
-            return None
-        x = self._inside(lo, hi) * (1.0 - FINAL_SHAVE if final else 1.0)
-        w = hi[0] - lo[0]
-        x = min(max(x, lo[0] + GUARD * w), hi[0] - GUARD * w)
-        if self.integer:
-            return float(min(max(int(round(x)), int(lo[0]) + 1), int(hi[0]) - 1))
-        x = self._round(x, above=lo[0])
-        return x if x < hi[0] else None
-
-    def _inside(self, lo: tuple[float, float], hi: tuple[float, float]) -> float:
-        """Latency rises convexly with load, so the chord from the passing end to the failing end crosses
-        the limit below the truth, and the line through the two highest passing loads crosses above it:
-        aim between the two. A failing end that was cut short knows only its first, fastest requests:
-        its margin understates the overload and a chord through it lands next to it (seen on the CPU
-        build: 96, 83, 76, 70, each cut short), so there the bracket is halved on the log scale."""
-        if hi[0] in self.cut and lo[0] > 0:
-            return math.sqrt(lo[0] * hi[0])
-        chord = lo[0] + (hi[0] - lo[0]) * (-lo[1]) / (hi[1] - lo[1]) if hi[1] > lo[1] else (lo[0] + hi[0]) / 2
-        below = sorted((x, m) for x, m, ok in self.points if ok and x <= lo[0])
-        if len(below) >= 2:
-            (x0, m0), (x1, m1) = below[-2], below[-1]
-            if m1 > m0 and x1 > x0:
-                ahead = min(hi[0], x1 + (-m1) * (x1 - x0) / (m1 - m0))
-                if ahead > chord:
-                    return chord + self._lean() * (ahead - chord)
-        return chord
-
-    def _lean(self) -> float:
-        """How far from the chord toward the line from below: half way, unless the last two steps both
-        failed, which says the truth lies nearer the chord than the line claims."""
-        last = self.points[-2:]
-        return 0.0 if len(last) == 2 and not last[0][2] and not last[1][2] else 0.5
-
-    def _extrapolate(self, lo: tuple[float, float]) -> float:
-        passing = sorted((x, m) for x, m, ok in self.points if ok)
-        x1, m1 = lo
-        if len(passing) >= 2:
-            x0, m0 = passing[-2]
-            if m1 > m0 and x1 > x0:
-                guess = x1 + (0.0 - m1) * (x1 - x0) / (m1 - m0)
-                return min(max(guess, x1 * 1.25), x1 * 8)
-        ratio = 1.0 / max(1.0 + m1, 1e-3)
-        if self.hinted and len(passing) == 1:
-            # one point at a hinted load: the hint's broken end, or further where the margin says the
-            # candidate has far more headroom than the study's earlier trials (a linear guess)
-            if self.expect_broken is not None and self.expect_broken > x1:
-                return max(self.expect_broken, x1 * min(4.0, ratio))
-            return x1 * min(4.0, max(1.25, ratio))
-        # one point: grow with the headroom left (limit / measured), at least 4x, at most 16x
-        return x1 * min(16.0, max(4.0, 2.0 * ratio))
-
-    def _round(self, x: float, above: float) -> float:
-        if self.integer:
-            return float(max(int(above) + 1, int(round(x))))
-        return float(f"{x:.3g}") if x > 0 else x
-
-
 async def find_capacity(base_url: str, model: str, workload: Workload, slo: SLO, *, search: str = "concurrency",
                         max_steps: int = 6, requests_per_step: int = 200, warmup: int = 16, seed: int = 0,
                         tokenizer: str | None = None, start: float | None = None, upper: float | None = None,
@@ -215,7 +117,8 @@ async def find_capacity(base_url: str, model: str, workload: Workload, slo: SLO,
                         api_key: str | None = None,
                         should_stop: Callable[[list[LoadStep]], bool] | None = None,
                         step_watch: StepWatch | None = None, check: float | None = None,
-                        hint: tuple[float, float | None] | None = None) -> CapacityResult:
+                        hint: tuple[float, float | None] | None = None,
+                        limits: ServerLimits | None = None) -> CapacityResult:
     """Highest concurrency (`search="concurrency"`, closed loop), request rate (`"rate"`, Poisson) or
     trace speed-up (`"time_scale"`: a trace replayed at its recorded times divided by the load) at which
     every term of `slo` holds, within `max_steps` load steps (the probe counts as one) plus up to
@@ -232,7 +135,9 @@ async def find_capacity(base_url: str, model: str, workload: Workload, slo: SLO,
     aims next at its broken end. On the H200 the probe and the step after it took 30 s of a trial's 77 s
     of load, measuring loads far below a capacity every trial of the study shared. A first step that
     breaks the SLO falls back to the probe, so a wrong hint costs one step, not the answer: the result is
-    still the highest met and lowest broken load the steps found."""
+    still the highest met and lowest broken load the steps found.
+    `limits` (the server's max-num-seqs and logged KV-cache size) and what each met step measured bound
+    the next step's growth (step_bounds.py), so a long-prompt search does not leap past a knee."""
     if search not in ("concurrency", "rate", "time_scale"):
         raise UserError(f"capacity search is by 'concurrency', 'rate' or 'time_scale', not {search!r}")
     trace_rate = replay_rate(workload) if search == "time_scale" else None   # replay.py (trace replay)
@@ -249,7 +154,8 @@ async def find_capacity(base_url: str, model: str, workload: Workload, slo: SLO,
     if hint is not None:
         hint = (min(float(int(hint[0])) if integer else float(hint[0]), cap_load),
                 hint[1] if hint[1] is not None and hint[1] > hint[0] else None)
-    searcher = _Search(integer, cap_load, tolerance, hinted=hint is not None, expect_broken=hint[1] if hint else None)
+    searcher = StepSearch(integer, cap_load, tolerance, hinted=hint is not None,
+                          expect_broken=hint[1] if hint else None, limits=limits)
     steps: list[LoadStep] = []
     cache_reset = True
     common: dict[str, Any] = dict(slo=slo, endpoint=endpoint, tokenizer=tokenizer, timeout_s=timeout_s,
@@ -295,39 +201,29 @@ async def find_capacity(base_url: str, model: str, workload: Workload, slo: SLO,
         s = LoadStep(load=load, measurement=m, slo_met=False, disturbances=disturbances, discarded=discarded)
         margin = relative_margin(s, slo)
         s.slo_met = margin <= 0 and not m.aborted_early
-        searcher.add(load, margin, s.slo_met, cut_short=m.aborted_early)
+        searcher.add(load, margin, s.slo_met, cut_short=m.aborted_early,
+                     evidence=StepEvidence.of(m, slo) if s.slo_met else None)
         steps.append(s)
         if on_step is not None:
             on_step(s)
         return s
 
     first = start if start is not None else (hint[0] if hint is not None else 1.0)
-    await step(float(int(first)) if integer else first, probe=start is None and hint is None)
-    if hint is not None and not steps[0].slo_met and max_steps > 2:
-        await step(1.0, probe=True)     # the hint was above this candidate's capacity: probe as without one
-    if trace_rate is not None and upper is None:   # a trace sped up past "all at once" offers no more load
-        searcher.upper = replay_upper(workload, steps[0].measurement, replay_requests(workload, requests_per_step,
-                                                                                      warmup))
-    while len(steps) < max_steps:
-        nxt = searcher.next_load(final=len(steps) == max_steps - 1)
-        if nxt is None:
+    plan = step_plan(searcher, float(int(first)) if integer else first, probe=start is None and hint is None,
+                     max_steps=max_steps, refine_steps=refine_steps, max_bracket=max_bracket, check=check,
+                     should_stop=(lambda: should_stop(steps)) if should_stop is not None else None)
+    load, probe = next(plan)
+    while True:
+        s = await step(load, probe)
+        if len(steps) == 1 and trace_rate is not None and upper is None:
+            # a trace sped up past "all at once" offers no more load
+            searcher.upper = replay_upper(workload, steps[0].measurement,
+                                          replay_requests(workload, requests_per_step, warmup))
+        try:
+            load, probe = plan.send(s.slo_met)
+        except StopIteration:
             break
-        if should_stop is not None and should_stop(steps):   # search hook: early stopping (tuner/earlystop.py)
-            break
-        await step(nxt, probe=False)
-    refined = 0
-    while refined < refine_steps and is_wide(searcher.bracket(), integer, searcher.upper, max_bracket):
-        nxt = searcher.next_load(final=refined == refine_steps - 1)
-        if nxt is None:
-            break
-        await step(nxt, probe=False)
-        refined += 1
     lo, hi = searcher.bracket()
-    if check is not None and lo is not None:
-        x = float(int(check)) if integer else float(check)
-        if lo[0] < x <= searcher.upper and (hi is None or x < hi[0]):
-            await step(x, probe=False)
-            lo, hi = searcher.bracket()
     best = _step_at(steps, lo[0]) if lo else None
     notes, flags = [], []
     if trace_rate is not None and lo is not None and lo[0] >= searcher.upper:
@@ -350,7 +246,7 @@ async def find_capacity(base_url: str, model: str, workload: Workload, slo: SLO,
     if is_wide((lo, hi), integer, searcher.upper, max_bracket):
         flags.append(mflags.WIDE_BRACKET)
         notes.append(f"wide bracket: met at {lo[0]:g}, " + (f"broke at {hi[0]:g}" if hi else "never broke")
-                     + f" (wider than {max_bracket:.0%} after {refined} extra step(s)): the capacity is a lower bound")
+                     + f" (wider than {max_bracket:.0%} after {searcher.refined} extra step(s)): the capacity is a lower bound")
     per_step = replay_requests(workload, requests_per_step, warmup) if trace_rate is not None else requests_per_step
     if best is not None and best.measurement.load.get("num_requests", 0) < per_step:
         notes.append("capacity measured by the single-stream probe only")
@@ -388,21 +284,6 @@ def study_hint(brackets: Iterable[Sequence[float | None] | None], max_streams: i
         return float(max_streams), None
     hi = statistics.median(broken) if broken else None
     return lo, hi if hi is not None and hi > lo else None
-
-
-def is_wide(bracket: tuple[tuple[float, float] | None, tuple[float, float] | None], integer: bool,
-            upper: float, max_bracket: float) -> bool:
-    """Whether the highest met and lowest broken load are further apart than `max_bracket` of the lower
-    one. A search that never broke the SLO below its cap knows only a lower bound: wide. Adjacent
-    integers are as narrow as a concurrency bracket gets."""
-    lo, hi = bracket
-    if lo is None:
-        return False
-    if hi is None:
-        return lo[0] < upper
-    if integer and hi[0] - lo[0] <= 1:
-        return False
-    return (hi[0] - lo[0]) / lo[0] > max_bracket
 
 
 def _step_at(steps: list[LoadStep], load: float) -> LoadStep | None:

@@ -10,6 +10,7 @@ a log usually holds several error lines (the root cause in EngineCore, then the 
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 from autotune import causes
@@ -51,6 +52,17 @@ def parse_startup(text: str) -> dict[str, Any]:
             found["engine_version"] = match.group(1)
             break
     return found
+
+
+def logged_kv_tokens(path: Path) -> int | None:
+    """The KV-cache size in tokens that a server's log states (its first engine's), or None where the log
+    cannot be read or has not said it. The capacity search bounds its steps by it (bench/step_bounds.py)."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return None
+    value = parse_startup(text).get("kv_cache_tokens")
+    return int(value) if value else None
 
 
 # (cause, pattern). The detail quotes the matched line, so the pattern only has to find it.

@@ -188,6 +188,14 @@ class ResultStore:
             return s.scalar(select(TrialRecord).where(TrialRecord.study_id == study_id,
                                                       TrialRecord.number == number))
 
+    def held_cores(self, host: str) -> set[int]:
+        """The CPU cores that the leases of this host's running trials hold, across studies (a trial's
+        lease is stored when it starts): what the warm start's ranking keeps off (tuner/twin_pool.py)."""
+        with self.session() as s:
+            leases = s.scalars(select(TrialRecord.lease).where(TrialRecord.state == "running",
+                                                               TrialRecord.host == host))
+            return {int(c) for lease in leases if lease for c in lease.get("cores") or ()}
+
     def mark_abandoned(self, study_id: int, numbers: set[int]) -> int:
         """Trials a killed process left unfinished are recorded as interrupted: 'running' ones, and an
         early-stopped or duplicate one whose tell never reached Optuna (re-queued like the rest)."""

@@ -48,8 +48,8 @@ from autotune.tuner.objectives import (failure_constraints, measured_constraints
 from autotune.tuner import search_hooks
 from autotune.tuner.policy import counted
 from autotune.tuner.progress import Progress
-from autotune.tuner.sharing import (claim, dead_owner_servers, first_to_create, gpu_model, identity_conflict,
-                                    make_sampler, overlapping, sampler_seed)
+from autotune.tuner.sharing import (ask_baseline_first, claim, dead_owner_servers, first_to_create, gpu_model,
+                                    identity_conflict, make_sampler, overlapping, sampler_seed)
 from autotune.tuner.trial import Phase, TrialOutcome, TrialRunner, outcome_evidence
 from autotune.tuner.workload_profile import store_workload_profile
 
@@ -404,7 +404,7 @@ class StudyDriver:
     def next_job(self) -> TrialJob | None:
         """Ask for a candidate and run the free checks; None when one rejected it (already told)."""
         with self._lock:
-            trial = self.study.ask()
+            trial = ask_baseline_first(self.study)    # a re-queued baseline before every other candidate
             assert self.heartbeats is not None
             self.heartbeats.track(str(trial._trial_id), self.spec.name)
             role = trial.user_attrs.get("role", "search")

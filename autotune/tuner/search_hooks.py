@@ -3,7 +3,7 @@ each function from one place, with itself as `loop`.
 
 - `open_policy`: the policy, with what the study already learned (limits, flags run) restored.
 - `warm_start`: on a new study, the twin's best picks enqueued after the baseline (tuner/warmstart.py),
-  ranked in the background while the baseline's server starts.
+  ranked in processes of their own while the baseline's server starts (tuner/warm_ranking.py).
 - `screen`: a duplicate or a candidate outside a learned limit is told without a launch and not counted.
 - `predict`: the twin's prediction and rank stored beside the trial.
 - `stopper`: the early-stopping check handed to the trial's capacity search.
@@ -13,8 +13,6 @@ each function from one place, with itself as `loop`.
 
 from __future__ import annotations
 
-import threading
-import time
 from typing import Any
 
 from optuna.trial import TrialState
@@ -27,9 +25,9 @@ from autotune.tuner.host import catalog_gpu_name, nvml_gpus
 from autotune.tuner.narrowing import Limit
 from autotune.tuner.objectives import failure_constraints, placeholder_values
 from autotune.tuner.policy import DUPLICATE, FREE, SearchPolicy, duplicate_told
-from autotune.tuner.warmstart import Ranking, twin_predictor, warm_start_picks
-
-RANKING_ATTR = "twin_ranking"       # study user attr: the twin's predicted values of the ranked candidates
+from autotune.tuner.twin_pool import TwinJob
+from autotune.tuner.warm_ranking import RANKING_ATTR, WarmStart
+from autotune.tuner.warmstart import Ranking
 
 
 def study_gpu(spec: Any) -> tuple[str | None, int, float | None]:
@@ -55,86 +53,35 @@ def open_policy(loop: Any) -> None:
     for rec in loop.store.trials(loop.record.id):
         if rec.state not in ("running", "interrupted", DUPLICATE):
             loop.policy.ran(with_env(rec.flags or [], rec.env), rec.number)
-    loop.twin, loop.ranking = None, None
+    loop.twin, loop.twin_job, loop.ranking = None, None, None
     ws = spec.warm_start
     # On by default for real engines; on the simulator only when asked (the twin ranking itself).
     if ws.source == "twin" or (ws.source == "auto" and spec.engine.kind == "vllm"):
-        loop.twin = twin_predictor(spec.model, gpu, num, loop.fixed_flags, loop.space, spec.workload, loop.slo,
-                                   requests=min(spec.load.requests_per_step, 96))
+        loop.twin, loop.twin_job = twin_source(loop, gpu, num)
         values = loop.study.user_attrs.get(RANKING_ATTR)
         if values is not None:
             loop.ranking = Ranking(spec.objectives[0], spec.directions()[0] == "maximize", list(values))
 
 
-class WarmStart:
-    """The twin's ranking, run in a thread beside the baseline's server start (it used to hold the GPU
-    idle before the first launch: 63 s of a 9-trial H200 study). The baseline's load waits for it
-    (`wait`), so the ranking never competes with the load client for the CPU or the GIL, and the study
-    asks no other trial until it is done (`pending`), so its picks still run right after the baseline."""
-
-    def __init__(self, loop: Any, progress: Any) -> None:
-        self.loop, self.progress = loop, progress
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"warm-start {loop.spec.name}", daemon=True)
-        self._thread.start()
-
-    def pending(self) -> bool:
-        return not self._done.is_set()
-
-    def wait(self, phase: Any = None) -> None:
-        """Block until the ranking is done (interruptible: the trial runner's gate raises into this thread)."""
-        if self._done.is_set():
-            return
-        if phase is not None:
-            phase("waiting for the twin's ranking to finish before the load")
-        while not self._done.wait(0.2):
-            pass
-
-    def _run(self) -> None:
-        try:
-            _rank_and_enqueue(self.loop, self.progress)
-        except Exception as exc:     # the twin is advice: a failure costs the picks, never the study
-            self.progress.message(f"warm start failed, the sampler chooses instead: {exc}")
-        finally:
-            self._done.set()
+def twin_source(loop: Any, gpu: str | None, num: int) -> tuple[Any, TwinJob | None]:
+    """The twin as a predictor for this process, and the job its ranking's worker processes build it
+    from (None: rank in a thread instead); (None, None) where the twin does not apply."""
+    spec = loop.spec
+    job = TwinJob(spec.model, gpu, num, tuple(loop.fixed_flags), loop.space, dict(spec.workload), loop.slo,
+                  requests=min(spec.load.requests_per_step, 96))
+    predict = job.predictor()
+    return predict, (job if predict is not None else None)
 
 
 def warm_start(loop: Any, progress: Any) -> WarmStart | None:
     """Once per study, right after the baseline (and the spec's own candidates) are first enqueued:
-    the ranking starts in the background; None where it does not apply."""
+    the ranking starts in its own processes (tuner/warm_ranking.py); None where it does not apply."""
     spec = loop.spec
     if loop.twin is None or spec.warm_start.k == 0 or RANKING_ATTR in loop.study.user_attrs:
         return None
     if loop.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
         return None   # a study that already measured something (e.g. created before warm starts existed)
     return WarmStart(loop, progress)
-
-
-def _rank_and_enqueue(loop: Any, progress: Any) -> None:
-    spec = loop.spec
-    objective = spec.objectives[0]
-    progress.message(f"twin (simulated) ranking {spec.warm_start.candidates} candidates by {objective} "
-                     f"beside the baseline's start")
-    t0 = time.monotonic()
-    picks, ranking = warm_start_picks(loop.space, loop.fixed_flags, spec.num_gpus, loop.twin, objective=objective,
-                                      maximize=spec.directions()[0] == "maximize", n=spec.warm_start.candidates,
-                                      k=spec.warm_start.k, seed=spec.seed)
-    with loop._lock:
-        loop.study.set_user_attr(RANKING_ATTR, ranking.values)
-        loop.ranking = ranking
-        for pick in picks:
-            # knobs the twin does not model are named but not fixed: the sampler draws them for the pick
-            loop.study.enqueue_trial(pick.params, user_attrs={
-                "role": "warm_start", "enqueued": sorted([*pick.params, *pick.sampled]), "twin_rank": pick.rank,
-                "twin_predicted": pick.predicted})
-        # trials predicted before the ranking existed (the baseline) get their rank now
-        for number, rec in loop.store.predictions(loop.record.id).items():
-            value = (rec.predicted or {}).get(objective)
-            if rec.rank is None and value is not None:
-                loop.store.save_prediction(loop.record.id, number, ranking.rank_of(float(value)), dict(rec.predicted))
-    progress.message(f"warm start: {len(ranking.values)} candidates ranked in {time.monotonic() - t0:.0f} s"
-                     + "".join(f"; #{p.rank} predicted {objective}={p.predicted.get(objective, 0):.4g}"
-                               for p in picks))
 
 
 def predict(loop: Any, trial: Any, params: dict[str, Any]) -> None:

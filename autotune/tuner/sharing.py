@@ -4,7 +4,8 @@ Each process seeds its sampler differently; the loser of the race to create a fr
 an enqueue (the baseline, a spec candidate, a re-queued trial) happens only after its row in
 `autotune_enqueued` is inserted, so it happens once; a host whose GPU model, engine version or spec
 differs from the study's first trials is refused; servers are stopped only on their own host and
-only when their owner is dead; and every trial knows which trials ran beside it.
+only when their owner is dead; every trial knows which trials ran beside it; and a re-queued baseline
+is asked before the candidates queued after it.
 """
 
 from __future__ import annotations
@@ -46,6 +47,24 @@ def make_sampler(spec: StudySpec, trials_so_far: int = 0, host: str | None = Non
     if spec.sampler == "gp":
         return optuna.samplers.GPSampler(seed=seed)
     return optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=5, constant_liar=True)
+
+
+def ask_baseline_first(study: optuna.Study) -> optuna.Trial:
+    """Optuna's next trial, except that a waiting baseline goes before every other waiting trial. Optuna
+    pops the oldest waiting trial, and a baseline re-queued after an interruption (`--timeout`, a drain, a
+    dead owner) is newer than the candidates queued behind it (the spec's, the twin's picks); but every
+    other trial is judged against the defaults, and the capacity hint starts from the first measured
+    brackets. A baseline another process takes first is left to it (its state is no longer WAITING)."""
+    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)):
+        if t.user_attrs.get("role") != "baseline":
+            continue
+        try:
+            if study._storage.set_trial_state_values(t._trial_id, state=optuna.trial.TrialState.RUNNING):
+                study._thread_local.cached_all_trials = None     # as Study.ask: read the storage afresh
+                return optuna.Trial(study, t._trial_id)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            continue
+    return study.ask()
 
 
 def first_to_create(make: Callable[[], Any], attempts: int = 5) -> Any:

@@ -23,7 +23,8 @@ from autotune.bench.capacity import capacity_tps
 from autotune.bench.client import STALLED, stalled_requests
 from autotune.bench.results import CapacityResult, Measurement
 from autotune.engine.base import Engine, EngineFailure, LaunchRequest, Server, StartupInfo
-from autotune.engine.logparse import port_in_use
+from autotune.bench.step_bounds import ServerLimits
+from autotune.engine.logparse import logged_kv_tokens, port_in_use
 from autotune.engine.logwatch import JitWatch
 from autotune.engine.process import find_free_port, write_log_header
 from autotune.errors import UserError
@@ -302,7 +303,8 @@ class TrialRunner:
             tokenizer=self.tokenizer, on_step=on_step, min_waves=load.min_waves, min_step_s=load.min_step_s,
             max_bracket=load.max_bracket, refine_steps=load.refine_steps, stall_timeout_s=load.stall_timeout_s,
             api_key=self.api_key, should_stop=stopper.should_stop if stopper else None,
-            step_watch=JitWatch(launch.log_path), check=launch.claim, hint=launch.hint))
+            step_watch=JitWatch(launch.log_path), check=launch.claim, hint=launch.hint,
+            limits=ServerLimits.from_flags(launch.flags, logged_kv_tokens(launch.log_path))))
         chosen = cap.at_capacity or (cap.steps[0].measurement if cap.steps else None)
         info = {"mode": cap.mode, "capacity": cap.capacity, "hint": list(launch.hint) if launch.hint else None, "cache_reset": cap.cache_reset, "note": cap.note,
                 "bracket": list(cap.bracket), "measurement_flags": list(cap.flags), "seed": seed,

@@ -59,9 +59,18 @@ def warm_start_picks(space: SearchSpace, fixed_flags: Sequence[str], num_gpus: i
     and return `k` picks with distinct flags: the best, spread over the candidates that tie with it
     (`_spread`). Candidates the twin says cannot start are dropped."""
     space, unmodelled = modelled_subspace(space)
+    cands = draw_candidates(space, fixed_flags, num_gpus, n, seed)
+    return rank(space, [(c, predict(c)) for c in cands], objective=objective, maximize=maximize, k=k,
+                sampled=unmodelled)
+
+
+def draw_candidates(space: SearchSpace, fixed_flags: Sequence[str], num_gpus: int, n: int,
+                    seed: int) -> list[dict[str, Any]]:
+    """`n` distinct random candidates inside the known constraints (fewer where the space holds fewer),
+    in the order drawn: the same list for the same space and seed, so a cached ranking serves again."""
     rng = random.Random(seed)
     order = space._ordered()
-    scored: list[tuple[float, dict[str, Any], dict[str, float]]] = []
+    out: list[dict[str, Any]] = []
     seen: set[str] = set()
     for _ in range(n * 5):
         if len(seen) >= n:
@@ -71,13 +80,20 @@ def warm_start_picks(space: SearchSpace, fixed_flags: Sequence[str], num_gpus: i
         if key in seen or space.violations(cand, fixed_flags, num_gpus):
             continue
         seen.add(key)
-        pred = predict(cand)
-        if pred is None or pred.get(objective) is None:
-            continue
-        scored.append((float(pred[objective]), cand, pred))
+        out.append(cand)
+    return out
+
+
+def rank(space: SearchSpace, predicted: Sequence[tuple[dict[str, Any], "dict[str, float] | None"]], *,
+         objective: str, maximize: bool, k: int, sampled: Sequence[str] = ()) -> tuple[list[Pick], Ranking]:
+    """The picks and the ranking from the twin's predictions of candidates (None: it cannot start), all
+    of them or as many as were ranked by a deadline. `sampled`: the knobs the twin does not model (the
+    sampler draws them for every pick)."""
+    scored = [(float(pred[objective]), cand, pred) for cand, pred in predicted
+              if pred is not None and pred.get(objective) is not None]
     scored.sort(key=lambda s: -s[0] if maximize else s[0])
     ranking = Ranking(objective, maximize, [s[0] for s in scored])
-    return [Pick(scored[i][1], i + 1, scored[i][2], unmodelled) for i in _spread(space, scored, k, maximize)], ranking
+    return [Pick(scored[i][1], i + 1, scored[i][2], list(sampled)) for i in _spread(space, scored, k, maximize)], ranking
 
 
 def modelled_subspace(space: SearchSpace) -> tuple[SearchSpace, list[str]]:

@@ -2,9 +2,12 @@
 
 A candidate goes through what a real trial goes through: the known constraints, the memory model's
 free check, the co-tenant's free-memory refusal (vLLM's own line, so failure learning can read it),
-then a capacity search that runs autotune's own search (`autotune.bench.capacity._Search`) on the
-landscape's curve, interpolated between its stored steps and measured with 5 % noise, with the
-optional early-stopping check asked after every step exactly as `find_capacity` asks it. Each trial
+then a capacity search that takes autotune's own steps (`autotune.bench.step_choice`: `step_plan`
+and `StepSearch`, as `find_capacity` does, a step cut short bisected and a wide bracket refined) on the
+landscape's curve, interpolated between its stored steps and measured with 5 % noise, each met step's
+evidence (the SLO terms, throughput, the candidate's max-num-seqs and the twin's KV-cache size) bounding
+the next one's growth (`bench/step_bounds.py`; `evidence=False`: the search before), with the optional
+early-stopping check asked before every further step exactly as `find_capacity` asks it. Each trial
 carries its GPU seconds from a cost model fitted to the H200 runs (cost.py).
 """
 
@@ -18,7 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from autotune import causes
-from autotune.bench.capacity import MARGIN_CAP, _Search
+from autotune.bench.step_choice import MARGIN_CAP, StepSearch, step_plan
+from autotune.bench.step_bounds import ServerLimits, StepEvidence
 from autotune.perfmodel import get_gpu
 from autotune.sim.capacity import at_capacity
 from autotune.slo import SLO
@@ -27,7 +31,7 @@ from autotune.tuner.earlystop import StepView
 
 NOISE = 0.05            # relative spread of one measurement (two runs of one config on the H200: 5.3 %)
 ABORT_MARGIN = 0.5      # a step whose p99 TTFT is 1.5x the limit is cut short (bench/abort.py, roughly)
-MAX_STEPS = 6           # the spec's default load.max_steps
+MAX_STEPS = 6           # the spec's default load.max_steps (load.refine_steps: step_plan's default)
 
 
 @dataclass
@@ -45,13 +49,20 @@ class Trial:
     load_s_extra: float = 0.0       # load time outside the capacity-search model (auto_tune.sh's crawl)
     probed: bool = True             # the search began with the one-stream probe (cost.py charges it apart)
     bracket: tuple[float | None, float | None] = (None, None)   # highest met, lowest broken load
+    loads: list[tuple[float, bool]] = field(default_factory=list)  # the search's steps: (load, met)
+
+    @property
+    def broken_steps(self) -> int:
+        return sum(1 for _, met in self.loads if not met)
 
 
 class Landscape:
-    def __init__(self, doc: Mapping[str, Any], scenario: Any):
+    def __init__(self, doc: Mapping[str, Any], scenario: Any, slo: str | None = None):
+        """`slo` replaces the scenario's (the stored curves hold p99 TTFT and p50 TPOT at every load;
+        `true_tps` and `best_tps` keep reading the scenario's own SLO from the stored verdicts)."""
         self.scenario = scenario
         self.space = SearchSpace.from_mapping(scenario.space, scenario.name)
-        self.slo = SLO.parse(scenario.slo)
+        self.slo = SLO.parse(slo or scenario.slo)
         self.limit = self.slo.terms[0].limit_ms
         self.grid = {k: list(v) for k, v in doc["grid"].items()}
         self.points = {self.key(p["params"]): p for p in doc["points"]}
@@ -127,11 +138,29 @@ class Landscape:
         tps = a["tps"] + f * (b["tps"] - a["tps"]) if i < len(cs) else b["tps"]
         return tps, a["ttft99"] + f * (b["ttft99"] - a["ttft99"]), a["tpot50"] + f * (b["tpot50"] - a["tpot50"]), oom
 
+    def terms(self, ttft: float, tpot: float) -> dict[str, tuple[str, float, float]]:
+        """The SLO's terms at one step, from the two statistics a curve stores (p99 TTFT, p50 TPOT)."""
+        have = {("ttft", 99.0): ttft, ("tpot", 50.0): tpot}
+        out = {}
+        for t in self.slo.terms:
+            if (t.metric, t.percentile) not in have:
+                raise ValueError(f"the landscapes hold p99 TTFT and p50 TPOT only, not {t.key}")
+            out[t.key] = (t.metric, have[(t.metric, t.percentile)], t.limit_ms)
+        return out
+
+    def limits(self, params: Mapping[str, Any]) -> ServerLimits:
+        """What a real trial's search is told: max-num-seqs from the flags, the KV-cache size the (twin's)
+        server logs."""
+        flags = [*self.scenario.fixed_flags, *self.space.render({**self.space.baseline_params(), **params})]
+        return ServerLimits.from_flags(flags, self.point(params).get("kv_tokens"))
+
     def run(self, params: Mapping[str, Any], rng: random.Random, should_stop: Any = None,
-            hint: tuple[float, float | None] | None = None) -> Trial:
+            hint: tuple[float, float | None] | None = None, evidence: bool = True) -> Trial:
         """One trial of `params` (the candidate's searched values; baseline defaults fill the rest).
         `hint`: `study_hint` of the study so far; the search starts there as `find_capacity` does (no
-        probe; the probe after a first step that breaks)."""
+        probe; the probe after a first step that breaks). `evidence`: the search bounds its growth by
+        what each met step measured and the server's limits (bench/step_bounds.py), as `find_capacity`
+        does; False is the search before that (the benchmark's "before" rows)."""
         params = dict(params)
         bad = self.space.violations(params, list(self.scenario.fixed_flags), self.scenario.num_gpus)
         if bad:
@@ -147,34 +176,55 @@ class Landscape:
                 f"memory utilization ({g:g}, {g * total:.2f} GiB). Decrease GPU memory utilization or reduce "
                 f"GPU memory used by other processes."))
         trial = Trial(params, "ok", launched=True, true_tps=self.true_tps(params))
-        search = _Search(True, 1024.0, 0.03, hinted=hint is not None, expect_broken=hint[1] if hint else None)
+        search = StepSearch(True, 1024.0, 0.03, hinted=hint is not None, expect_broken=hint[1] if hint else None,
+                            limits=self.limits(params) if evidence else None)
+        per_request = self.scenario.input_len + self.scenario.output_len
         views: list[StepView] = []
         measured: dict[float, tuple[float, float]] = {}
-        load: float | None = float(int(hint[0])) if hint is not None else 1.0
         trial.probed = hint is None
-        while load is not None and len(views) < MAX_STEPS:
+
+        def step(load: float) -> bool:
+            """Measure one load; False when the simulated engine died (the trial failed)."""
             tps, ttft, tpot, oom = self.at_load(p["curve"], load)
             if oom:
                 trial.state, trial.cause, trial.detail = "failed", causes.RUNTIME_OOM, "simulated runtime OOM"
                 trial.full_steps += 1
-                return trial
+                return False
             tps, ttft, tpot = (x * (1 + rng.gauss(0, NOISE)) for x in (tps, ttft, tpot))
-            margin = min(MARGIN_CAP, ttft / self.limit - 1)
+            terms = self.terms(ttft, tpot)
+            margin = min(MARGIN_CAP, max(v / limit - 1 for _, v, limit in terms.values()))
             aborted = margin > ABORT_MARGIN
             met = margin <= 0
-            search.add(load, margin, met)
+            ev = StepEvidence(terms, tps / self.scenario.output_len, load, per_request) if evidence else None
+            search.add(load, margin, met, cut_short=aborted, evidence=ev)
+            trial.loads.append((load, met))
             views.append(StepView(load, met, None if aborted else tps, tpot, ttft, aborted))
             measured[load] = (tps, tpot)
             if aborted:
                 trial.aborted_steps += 1
             else:
                 trial.full_steps += 1
-            load = search.next_load(final=len(views) == MAX_STEPS - 1) if len(views) < MAX_STEPS else None
-            if hint is not None and len(views) == 1 and not met:
-                load, trial.probed = 1.0, True          # the hint was above this candidate: probe
-            if load is not None and should_stop is not None and should_stop(views):   # as find_capacity asks
+            return True
+
+        def stop() -> bool:                                 # as find_capacity asks it
+            if should_stop is not None and should_stop(views):
                 trial.state, trial.cause = "stopped", causes.EARLY_STOPPED
+            return trial.state == "stopped"
+
+        # the steps find_capacity takes (step_plan), each measured on the curve
+        plan = step_plan(search, float(int(hint[0])) if hint is not None else 1.0, probe=hint is None,
+                         max_steps=MAX_STEPS, should_stop=stop)
+        load, probe = next(plan)
+        while True:
+            trial.probed = trial.probed or probe
+            if not step(load):
                 return trial
+            try:
+                load, probe = plan.send(views[-1].met)
+            except StopIteration:
+                break
+        if trial.state == "stopped":
+            return trial
         lo, hi = search.bracket()
         trial.bracket = (lo[0] if lo else None, hi[0] if hi else None)
         if lo is None:

@@ -12,7 +12,7 @@ import statistics
 from pathlib import Path
 
 from autotune.bench import find_capacity, parse_workload
-from autotune.bench.capacity import _Search
+from autotune.bench.step_choice import StepSearch
 from autotune.bench.mockserver import MockConfig, build_app, serve
 from autotune.slo import SLO
 
@@ -21,16 +21,16 @@ TPOT = SLO.parse("tpot:p50<=12.125ms")   # TPOT = 2 + 0.25 x batch ms: the highe
 
 
 def test_one_passing_hinted_step_aims_at_the_hints_broken_end_or_its_own_headroom() -> None:
-    s = _Search(True, 1024.0, 0.03, hinted=True, expect_broken=41.0)
+    s = StepSearch(True, 1024.0, 0.03, hinted=True, expect_broken=41.0)
     s.add(36, -0.1, True)
     assert s.next_load() == 41                 # little headroom: the study's broken end
-    far = _Search(True, 1024.0, 0.03, hinted=True, expect_broken=41.0)
+    far = StepSearch(True, 1024.0, 0.03, hinted=True, expect_broken=41.0)
     far.add(36, -0.75, True)
     assert far.next_load() == 144              # 4x the latency headroom: far past the hint, capped at 4x
-    alone = _Search(True, 1024.0, 0.03, hinted=True)
+    alone = StepSearch(True, 1024.0, 0.03, hinted=True)
     alone.add(36, -0.05, True)
     assert alone.next_load() == 45             # no broken end known: at least 1.25x
-    probe = _Search(True, 1024.0, 0.03)
+    probe = StepSearch(True, 1024.0, 0.03)
     probe.add(36, -0.05, True)
     assert probe.next_load() == 144            # without a hint, one point grows by 4x-16x as before
 

@@ -233,3 +233,25 @@ def test_processes_creating_one_fresh_database_at_once_all_succeed(tmp_path: Pat
                               text=True, env=env) for _ in range(4)]
     results = [p.communicate(timeout=120) for p in procs]
     assert [out.strip() for out, _ in results] == ["ok"] * 4, [err[-300:] for _, err in results]
+
+
+def test_a_requeued_baseline_runs_before_the_candidates_queued_ahead_of_it(tmp_path: Path) -> None:
+    """The baseline is cut (`--timeout`, SIGTERM, a drain: the scheduler's `interrupt`) while the spec's
+    candidates wait; its parameters are re-queued behind them, yet the resumed study asks it first."""
+    extra = {"enqueue": [{"max_num_seqs": 64}, {"max_num_seqs": 128}]}
+    first = _open(_driver(tmp_path, "h1", **extra))
+    job = first.next_job()
+    assert job is not None and job.role == "baseline" and job.number == 0
+    first.interrupt(job, "SIGTERM")
+    first.heartbeats.stop()
+    study = optuna.load_study(study_name="shared", storage=first.spec.storage_url)
+    waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+    assert [t.user_attrs["role"] for t in waiting] == ["enqueued", "enqueued", "baseline"]   # Optuna's order
+
+    resumed = _open(_driver(tmp_path, "h1", **extra))
+    jobs = [resumed.next_job() for _ in range(3)]
+    assert [(j.role, j.params.get("max_num_seqs")) for j in jobs if j is not None] == \
+        [("baseline", job.params["max_num_seqs"]), ("enqueued", 64), ("enqueued", 128)]
+    assert jobs[0].trial.user_attrs["requeued_from"] == 0
+    assert resumed.store.trial(resumed.record.id, 0).state == "interrupted"
+    resumed.heartbeats.stop()

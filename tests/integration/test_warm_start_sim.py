@@ -1,42 +1,95 @@
-"""The twin's ranking runs beside the baseline's server start (labelled simulator, real processes, real
-HTTP, the real twin): the baseline's load waits until the ranking is done, so the ranking never runs
-beside a measurement, and the picks still run right after the baseline."""
+"""The twin's ranking runs in processes of its own beside the baseline's server start (labelled simulator,
+real processes, real HTTP, the real twin): the baseline's load starts when its server is ready with the
+picks of what is ranked by then, the picks still run right after the baseline, and a second study with
+the same model, GPU, workload and space takes the ranking from the cache."""
 
 from __future__ import annotations
 
+import signal
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 import optuna
+from optuna.trial import TrialState
+
+from autotune.tuner.command import prepare_spec
+from autotune.tuner.driver import StudyDriver
+from autotune.tuner.progress import Progress
+from autotune.tuner.twin_cache import FOLDER
 
 
-def test_the_baseline_starts_while_the_twin_ranks_and_its_load_waits_for_the_ranking(autotune_run, sim_spec,
-                                                                                     tmp_path: Path) -> None:
+def test_the_baseline_loads_when_its_server_is_ready_with_the_picks_ranked_by_then(autotune_run, sim_spec,
+                                                                                  tmp_path: Path) -> None:
     # stream_interval: a knob the twin does not model (perfmodel/knobs.py), left to the sampler in the picks
     space = {"params": {"gpu_memory_utilization": {"type": "float", "low": 0.8, "high": 0.95},
                         "max_num_seqs": {"type": "int", "low": 8, "high": 256, "log": True},
                         "stream_interval": {"type": "categorical", "choices": [1, 4, 16], "default": 1}}}
-    spec = sim_spec("warm", confirm={"enabled": False}, warm_start={"from": "twin", "k": 2, "candidates": 100},
+    spec = sim_spec("warm", confirm={"enabled": False}, warm_start={"from": "twin", "k": 2, "candidates": 12},
                     search_space=space)
-    run = autotune_run(["run", "--study", str(spec), "--n-trials", "3", "--no-progress"], tmp_path)
-    assert run.finish(300) == 0, "\n".join(run.lines)
+    run = autotune_run(["run", "--study", str(spec), "--n-trials", "40", "--no-progress"], tmp_path)
+    # a pick starts once one is ranked: at the baseline's readiness from what was ranked by then, or
+    # after it from the full ranking (a simulated server starts in 1-3 s, the workers in a few)
+    run.wait_for(lambda ls: any(line.startswith("[trial") and "] warm_start:" in line for line in ls), 300)
+    run.proc.send_signal(signal.SIGTERM)
+    assert run.finish(120) == 143
     lines = run.lines
 
     def first(text: str) -> int:
         return next(i for i, line in enumerate(lines) if text in line)
 
-    ranking_starts, ranked = first("twin (simulated) ranking 100 candidates"), first("candidates ranked in")
-    server_starts, load_starts = first("starting "), first("capacity search by")
-    # the server was launched before the ranking ended; the first request only after it (100 candidates
-    # take the twin 10-20 s on two cores, the simulated server starts in 1-3 s: the baseline waited)
-    waited = first("waiting for the twin's ranking to finish before the load")
-    assert ranking_starts < server_starts < waited < ranked < load_starts, "\n".join(lines)
+    ranking_starts, server_starts = first("twin (simulated) ranking 12 candidates"), first("starting ")
+    settled, load_starts = first("warm start: "), first("capacity search by")
+    # the ranking started before the server; the picks were taken when the server was ready (or when the
+    # ranking was done, if that came first), and the load began at once, waiting for nothing
+    assert ranking_starts < server_starts < settled < load_starts, "\n".join(lines)
+    assert "when the baseline's server was ready" in lines[settled] or "when its ranking was done" in lines[settled]
+    assert not any("waiting for the twin" in line for line in lines)
+    assert any("all 12 candidates ranked" in line for line in lines) or "when its ranking was done" in lines[settled]
     with sqlite3.connect(tmp_path / "warm.db") as conn:
         roles = [r for (r,) in conn.execute("select role from autotune_trials order by number")]
-    assert roles == ["baseline", "warm_start", "warm_start"]
+    assert roles[0] == "baseline" and "warm_start" in roles
     study = optuna.load_study(study_name="warm", storage=f"sqlite:///{tmp_path}/warm.db")
-    for t in study.trials[1:]:
+    for t in study.trials:
+        if t.user_attrs.get("role") != "warm_start" or t.state == TrialState.WAITING:
+            continue
         fixed = t.system_attrs.get("fixed_params") or {}
         # the twin fixed what it models; the sampler drew the rest: the pick still ran with a value
         assert "max_num_seqs" in fixed and "stream_interval" not in fixed, t.system_attrs
         assert "stream_interval" in t.params and "stream_interval" in t.user_attrs["enqueued"]
+
+
+def _driver(tmp_path: Path, name: str) -> StudyDriver:
+    raw: dict[str, Any] = {
+        "name": name, "model": "llama-3.1-8b", "storage": f"sqlite:///{tmp_path}/twin.db",
+        "engine": {"kind": "sim", "gpu": "H100", "num_gpus": 1, "time_scale": 50, "extra_flags": ["--max-model-len", "4096"]},
+        "search_space": {"params": {"max_num_seqs": {"type": "int", "low": 8, "high": 256, "log": True}}},
+        "workload": {"kind": "random", "input_len": 256, "output_len": 32}, "slo": "ttft:p99<=1s",
+        "load": {"requests_per_step": 24}, "telemetry": {"source": "sim"},
+        "warm_start": {"from": "twin", "k": 2, "candidates": 6}, "budget": {"n_trials": 4}}
+    driver = StudyDriver(**prepare_spec(raw, "spec", None), host="h1", progress=Progress(name, ["capacity_tps"], 4, live=False))
+    driver.open()
+    return driver
+
+
+def _waiting_roles(driver: StudyDriver) -> list[str]:
+    study = optuna.load_study(study_name=driver.spec.name, storage=driver.spec.storage_url)
+    return [t.user_attrs["role"] for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,))]
+
+
+def test_a_second_study_with_the_same_key_ranks_from_the_cache(tmp_path: Path) -> None:
+    first = _driver(tmp_path, "first")
+    warm = first.warm
+    assert warm is not None and warm.pool is not None and warm.pending()   # ranking in its processes
+    assert warm.finished(240), "the twin's workers did not finish"
+    assert not warm.pending() and _waiting_roles(first) == ["baseline", "warm_start", "warm_start"]
+    files = list((tmp_path / FOLDER).glob("*.json"))
+    assert len(files) == 1
+    first.heartbeats.stop()
+
+    second = _driver(tmp_path, "second")                      # same model, GPU, workload, space, seed
+    assert second.warm is not None and second.warm.pool is None  # no process started: all from the cache
+    assert not second.warm.pending()                          # the picks are in before any launch
+    assert _waiting_roles(second) == ["baseline", "warm_start", "warm_start"]
+    assert [p.params for p in second.warm.picks] == [p.params for p in warm.picks]
+    second.heartbeats.stop()

@@ -3,11 +3,11 @@ and close in on the crossing within the step budget."""
 
 import pytest
 
-from autotune.bench.capacity import _Search
+from autotune.bench.step_choice import StepSearch
 
 
 def run(curve, integer, truth_check, max_steps=6, upper=1024.0, first=1.0):
-    s = _Search(integer, upper, tolerance=0.03)
+    s = StepSearch(integer, upper, tolerance=0.03)
     load = first
     loads = []
     while load is not None and len(loads) < max_steps:
@@ -58,12 +58,12 @@ def test_upper_bound_caps_the_search():
 def test_a_cut_short_failing_end_is_bisected_not_chorded():
     # a step cut short reports the margin of its first, fastest requests (here +10 %): the chord through
     # it would aim next to it (82); the log-midpoint of the bracket 12 .. 96 is 34
-    s = _Search(True, 1024.0, tolerance=0.03)
+    s = StepSearch(True, 1024.0, tolerance=0.03)
     s.add(1, -0.9, True)
     s.add(12, -0.5, True)
     s.add(96, 0.1, False, cut_short=True)
     assert s.next_load() == 34
-    full = _Search(True, 1024.0, tolerance=0.03)
+    full = StepSearch(True, 1024.0, tolerance=0.03)
     full.add(1, -0.9, True)
     full.add(12, -0.5, True)
     full.add(96, 0.1, False)

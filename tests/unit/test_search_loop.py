@@ -144,50 +144,90 @@ def test_duplicates_are_skipped_and_not_counted(tmp_path: Path, monkeypatch: pyt
     assert len(dups) >= 20                                      # the study stopped by the spent-space rule
 
 
+def _stand_in_twin(monkeypatch: pytest.MonkeyPatch, predict: Callable[[dict[str, Any]], Any]) -> None:
+    """The twin replaced by `predict`, which cannot cross processes: the warm start ranks in a thread."""
+    monkeypatch.setattr(search_hooks, "twin_source", lambda loop, gpu, num: (predict, None))
+
+
+WARM_SPACE = {"params": {"max_num_seqs": {"type": "int", "low": 16, "high": 1024, "default": 1024},
+                         "enable_prefix_caching": {"type": "bool", "default": True}}}
+
+
+def _by_seqs(params: dict[str, Any]) -> dict[str, float]:
+    return {"capacity_tps": float(params["max_num_seqs"]), "p50_tpot_ms": 5.0}
+
+
 def test_the_twin_warm_start_enqueues_its_picks_after_the_baseline(tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     import threading
-    import time
 
     calls: list[dict[str, Any]] = []
-    ranked_until = [0.0]
-    baseline_launched = threading.Event()
+    ranked = threading.Event()
 
-    def fake_twin(*args: Any, **kwargs: Any) -> Any:
-        def predict(params: dict[str, Any]) -> dict[str, float]:
-            if threading.current_thread().name.startswith("warm-start"):   # the ranking, not a trial's own
-                baseline_launched.wait(60)     # a ranking that outlasts the baseline's launch, on any machine
-                time.sleep(0.02)                                           # prediction beside it
-                calls.append(dict(params))
-                ranked_until[0] = time.monotonic()
-            return {"capacity_tps": float(params["max_num_seqs"]), "p50_tpot_ms": 5.0}
-        return predict
+    def predict(params: dict[str, Any]) -> dict[str, float]:
+        if threading.current_thread().name == "warm-start-rank":     # the ranking, not a trial's own
+            calls.append(dict(params))                               # prediction beside it
+            if len(calls) == 50:
+                ranked.set()
+        return _by_seqs(params)
 
-    launched: list[float] = []
+    order: list[str] = []
 
     def fail(flags: Sequence[str]) -> tuple[str, str]:
-        launched.append(time.monotonic())
-        baseline_launched.set()
+        if not order:                                   # the baseline's server "starts" until the ranking is done
+            assert ranked.wait(60)
+        order.append("launch")
         return causes.CRASH, "exit code 1"
 
-    monkeypatch.setattr(search_hooks, "twin_predictor", fake_twin)
-    engine = FailingEngine(fail)
-    space = {"params": {"max_num_seqs": {"type": "int", "low": 16, "high": 1024, "default": 1024},
-                        "enable_prefix_caching": {"type": "bool", "default": True}}}
-    _loop(tmp_path, space, engine, n_trials=4, warm_start={"from": "twin", "k": 2, "candidates": 50}).run()
+    _stand_in_twin(monkeypatch, predict)
+    _loop(tmp_path, WARM_SPACE, FailingEngine(fail), n_trials=4,
+          warm_start={"from": "twin", "k": 2, "candidates": 50}).run()
     assert len(calls) == 50
-    # the ranking ran beside the baseline's start, and no other trial launched before it was done
-    assert launched[0] < ranked_until[0] <= launched[1]
-    ranked = sorted(calls, key=lambda p: -p["max_num_seqs"])   # the twin's ranking of the candidates
+    best = sorted(calls, key=lambda p: -p["max_num_seqs"])       # the twin's ranking of the candidates
     rows = _rows(tmp_path)
     assert [r[1] for r in rows[:3]] == ["baseline", "warm_start", "warm_start"]
-    import json
-    picked = [json.loads(r[5]) for r in rows[1:3]]
-    assert picked == ranked[:2]
+    assert [json.loads(r[5]) for r in rows[1:3]] == best[:2]
     with sqlite3.connect(tmp_path / "s.db") as conn:
         preds = dict(conn.execute("select number, rank from autotune_predictions").fetchall())
     assert preds[1] == 1 and preds[2] == 2 and set(preds) >= {0, 1, 2, 3}   # every trial carries the twin's rank
     assert preds[0] is not None    # the baseline, predicted before the ranking existed, got its rank after
+
+
+def test_a_ranking_still_running_when_the_baseline_ends_refines_the_later_picks(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The baseline ends (here: fails to start) before the twin has ranked anything: the picks of that
+    moment (none) are taken at once, later trials do not wait; the full ranking's picks follow."""
+    import threading
+
+    holder: dict[str, Any] = {}
+
+    def predict(params: dict[str, Any]) -> dict[str, float]:
+        if threading.current_thread().name == "warm-start-rank":
+            warm = holder["run"].driver.warm
+            while warm is None or warm.pending():              # ranks only once the deadline has passed
+                threading.Event().wait(0.01)
+                warm = holder["run"].driver.warm
+        return _by_seqs(params)
+
+    launches: list[int] = []
+
+    def fail(flags: Sequence[str]) -> tuple[str, str]:
+        launches.append(1)
+        if len(launches) > 1:                                  # the sampler's trials end once ranked
+            assert holder["run"].driver.warm.finished(60)
+        return causes.CRASH, "exit code 1"
+
+    _stand_in_twin(monkeypatch, predict)
+    holder["run"] = _loop(tmp_path, WARM_SPACE, FailingEngine(fail), n_trials=5,
+                          warm_start={"from": "twin", "k": 2, "candidates": 30})
+    holder["run"].run()
+    warm = holder["run"].driver.warm
+    rows = _rows(tmp_path)
+    assert rows[0][1] == "baseline" and rows[1][1] == "search"    # nothing ranked at the deadline: no pick
+    refined = [json.loads(r[5]) for r in rows if r[1] == "warm_start"]
+    best = sorted((p.params for p in warm.picks), key=lambda p: -p["max_num_seqs"])
+    assert refined == best and len(refined) == 2               # the full ranking's picks, run later
+    assert best[0]["max_num_seqs"] == max(c["max_num_seqs"] for c in warm.candidates)
 
 
 def test_trials_share_compile_caches_under_the_study_folder(tmp_path: Path) -> None:
@@ -207,8 +247,7 @@ def test_show_lists_the_learned_limit_and_the_twin_beside_each_trial(tmp_path: P
 
     from autotune.report.show import show_command
 
-    monkeypatch.setattr(search_hooks, "twin_predictor",
-                        lambda *a, **k: (lambda params: {"capacity_tps": 100.0 * params.get("gpu_memory_utilization", 0.92)}))
+    _stand_in_twin(monkeypatch, lambda params: {"capacity_tps": 100.0 * params.get("gpu_memory_utilization", 0.92)})
     engine = FailingEngine(lambda flags: (causes.STARTUP_OOM, FREE_LINE))
     space = {"params": {"gpu_memory_utilization": {"type": "float", "low": 0.30, "high": 0.60, "step": 0.01,
                                                    "default": 0.92}}}

@@ -109,10 +109,15 @@ class SLO:
         return {t.cls for t in self.terms if t.cls}
 
     def margins(self, metrics: Mapping[str, float]) -> dict[str, float]:
-        """Measured minus limit per term, in ms (the Optuna constraint values)."""
+        """Measured minus limit per term, in ms (the Optuna constraint values). A class term over a run
+        that sent no request of its class is 0 (not held against it: nothing was measured); one whose
+        requests all failed is infinite, like any term without a value."""
         out: dict[str, float] = {}
         for t in self.terms:
             value = metrics.get(t.metric_key)
+            if value is None and t.cls is not None and f"{t.cls}_completed" not in metrics:
+                out[t.key] = 0.0
+                continue
             out[t.key] = float("inf") if value is None else float(value) - t.limit_ms
         return out
 

@@ -146,3 +146,27 @@ def test_figures_per_class_and_images_per_second() -> None:
     assert slo_margins(records, SLO.parse("ttft[image]:p90<=1s"))["slo:ttft[image]:p90"] > 0   # but not the p90
     text_only = summarize([_rec(100.0, 0)], 1.0)
     assert not any(k.startswith(("image_", "text_")) or k == "images_per_s" for k in text_only)
+
+
+def test_early_abort_judges_a_class_term_on_its_class_alone() -> None:
+    from autotune.bench.abort import EarlyAbort
+    from autotune.bench.client import Live
+
+    slo = SLO.parse("ttft[image]:p99<=1s")
+    slow_text = [_rec(5000.0, 0) for _ in range(40)]
+    assert EarlyAbort(slo, 100).check(slow_text, [], 0.0) is None            # text requests are not its class
+    slow_images = [_rec(5000.0, 1) for _ in range(25)]
+    assert EarlyAbort(slo, 100).check(slow_images, [], 0.0).startswith("ttft[image]:p99<=1000ms: 25 of 25")
+    waiting = [Live(0.0, images=1) for _ in range(30)]                       # in flight past the limit, no token
+    assert EarlyAbort(SLO.parse("ttft=1s"), 40).check([], waiting, 2.0) is not None
+    assert EarlyAbort(slo, 40).check([], waiting, 2.0) is None     # a class's total is unknown: no 'certain' rule
+
+
+def test_a_class_with_no_request_in_a_run_is_not_held_against_it() -> None:
+    slo = SLO.parse("ttft[image]:p99<=1s,ttft[text]:p99<=200ms")
+    texts = [_rec(100.0, 0) for _ in range(4)]
+    assert slo_margins(texts, slo) == {"slo:ttft[text]:p99": pytest.approx(-100.0)}     # image term: nothing to judge
+    mixed = summarize(texts + [_rec(50.0, 1)], 1.0)
+    assert slo.margins({k: v for k, v in mixed.items() if not k.startswith("image_")})["slo:ttft[image]:p99"] == 0.0
+    failed = summarize(texts + [_rec(0, 1, ok=False)], 1.0)
+    assert slo.margins(failed)["slo:ttft[image]:p99"] == float("inf")     # all of the class failed: broken

@@ -298,7 +298,7 @@ class TrialRunner:
                                                      if launch.hint else ""))
         cap: CapacityResult = run_async(find_capacity(
             url, model, self.workload, self.slo, search=load.search, max_steps=load.max_steps,
-            requests_per_step=load.requests_per_step, warmup=load.warmup, seed=seed,
+            requests_per_step=load.requests_per_step, warmup=load.warmup, seed=seed, endpoint=load.endpoint,
             tokenizer=self.tokenizer, on_step=on_step, min_waves=load.min_waves, min_step_s=load.min_step_s,
             max_bracket=load.max_bracket, refine_steps=load.refine_steps, stall_timeout_s=load.stall_timeout_s,
             api_key=self.api_key, should_stop=stopper.should_stop if stopper else None,

@@ -53,13 +53,14 @@ def _need_torch() -> tuple[Any, Any]:
     return torch, transformers
 
 
-def _tokenizer(out: Path, extra: list[str]) -> dict[str, int]:
+def _tokenizer(out: Path, extra: list[str]) -> tuple[dict[str, int], int]:
+    """The demo BPE plus the architecture's image tokens, saved; (ids of the special tokens, vocabulary size)."""
     from tokenizers import AddedToken
 
     tok = train_tokenizer()
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in extra])
     tok.save(str(out / "tokenizer.json"))
-    return {t: tok.token_to_id(t) for t in SPECIAL_TOKENS + extra} | {"__size__": tok.get_vocab_size()}
+    return {t: tok.token_to_id(t) for t in SPECIAL_TOKENS + extra}, tok.get_vocab_size()
 
 
 def _write_json(path: Path, obj: dict[str, Any]) -> None:
@@ -79,11 +80,11 @@ def _idefics3(out: Path, size: str) -> None:
     torch, tf = _need_torch()
     if size != "tiny":
         raise UserError("idefics3: only --size tiny is made here (the CPU build's test model)")
-    ids = _tokenizer(out, _IDEFICS_TOKENS)
+    ids, vocab = _tokenizer(out, _IDEFICS_TOKENS)
     cfg = tf.Idefics3Config(
         vision_config=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
                            image_size=IDEFICS_TILE, patch_size=IDEFICS_PATCH),
-        text_config=dict(model_type="llama", vocab_size=ids["__size__"], hidden_size=128, intermediate_size=256,
+        text_config=dict(model_type="llama", vocab_size=vocab, hidden_size=128, intermediate_size=256,
                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                          max_position_embeddings=4096, bos_token_id=ids["<s>"], eos_token_id=ids["</s>"],
                          pad_token_id=ids["<unk>"]),
@@ -122,17 +123,22 @@ def _qwen_shape(size: str, vocab: int) -> tuple[dict[str, Any], dict[str, Any], 
             QWEN_TINY_MAX_PIXELS)
 
 
+def qwen_config(size: str, ids: dict[str, int], vocab: int) -> tuple[dict[str, Any], int]:
+    """(config.json, max_pixels) of the Qwen2.5-VL model of `size`: the flat form Qwen's checkpoints ship
+    (text keys at the top, vision_config nested), which transformers 4.5x and 5.x and vLLM all read."""
+    text, vision, max_pixels = _qwen_shape(size, vocab)
+    return {"architectures": ["Qwen2_5_VLForConditionalGeneration"], "model_type": "qwen2_5_vl",
+            **text, "hidden_act": "silu", "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+            "bos_token_id": ids["<s>"], "eos_token_id": ids["</s>"], "image_token_id": ids["<|image_pad|>"],
+            "video_token_id": ids["<|video_pad|>"], "vision_start_token_id": ids["<|vision_start|>"],
+            "vision_end_token_id": ids["<|vision_end|>"], "vision_config": vision}, max_pixels
+
+
 def _qwen2_5_vl(out: Path, size: str) -> None:
-    """config.json in the flat form Qwen's checkpoints ship (text keys at the top, vision_config nested),
-    which transformers 4.5x and 5.x and vLLM all read; weights from transformers' own model class."""
+    """Weights from transformers' own model class (on the GPU when there is one: seconds for 8B)."""
     torch, tf = _need_torch()
-    ids = _tokenizer(out, _QWEN_TOKENS)
-    text, vision, max_pixels = _qwen_shape(size, ids["__size__"])
-    raw = {"architectures": ["Qwen2_5_VLForConditionalGeneration"], "model_type": "qwen2_5_vl",
-           **text, "hidden_act": "silu", "tie_word_embeddings": False, "torch_dtype": "bfloat16",
-           "bos_token_id": ids["<s>"], "eos_token_id": ids["</s>"], "image_token_id": ids["<|image_pad|>"],
-           "video_token_id": ids["<|video_pad|>"], "vision_start_token_id": ids["<|vision_start|>"],
-           "vision_end_token_id": ids["<|vision_end|>"], "vision_config": vision}
+    ids, vocab = _tokenizer(out, _QWEN_TOKENS)
+    raw, max_pixels = qwen_config(size, ids, vocab)
     cfg = tf.Qwen2_5_VLConfig.from_dict(raw)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     torch.manual_seed(SEED)
@@ -147,7 +153,7 @@ def _qwen2_5_vl(out: Path, size: str) -> None:
              "do_normalize": True, "do_convert_rgb": True, "rescale_factor": 1 / 255}
     _write_json(out / "preprocessor_config.json", image)
     _write_json(out / "video_preprocessor_config.json", {**image, "video_processor_type": "Qwen2VLVideoProcessor"})
-    _tokenizer_files(out, text["max_position_embeddings"], "Qwen2_5_VLProcessor")
+    _tokenizer_files(out, raw["max_position_embeddings"], "Qwen2_5_VLProcessor")
 
 
 def write_demo_vlm(dir: str | Path, arch: str = "idefics3", size: str = "tiny") -> Path:

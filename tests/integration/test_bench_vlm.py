@@ -34,6 +34,7 @@ async def test_the_servers_prompt_tokens_hold_each_images_expected_tokens(vlm_se
             assert with_images.ok and text_only.ok, (with_images.error, text_only.error)
             measured = with_images.input_tokens - text_only.input_tokens      # usage.prompt_tokens, server's own
             expected = sum(vision.tokens(i.width, i.height) for i in p.images)
+            print(f"images {[(i.width, i.height) for i in p.images]}: server {measured} tokens, expected {expected}")
             assert abs(measured - expected) <= 0.05 * expected, (measured, expected, [(i.width, i.height) for i in p.images])
         three = Prompt("three pictures", 4, images=tuple(made_image(64, 64, seed=s) for s in range(3)))
         refused = await client.request(three)

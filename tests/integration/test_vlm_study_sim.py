@@ -20,7 +20,8 @@ def test_a_vlm_study_on_the_twin_measures_each_class(autotune_run, servers_in, s
     run = autotune_run(["run", "--study", str(spec), "--n-trials", "1", "--no-progress"], tmp_path)
     assert run.finish(300) == 0, "\n".join(run.lines)
     with sqlite3.connect(tmp_path / "vlm.db") as conn:
-        rows = conn.execute("select number, state, cause, params, metrics from autotune_trials order by number").fetchall()
+        rows = conn.execute("select number, state, cause, params, metrics, capacity from autotune_trials "
+                            "order by number").fetchall()
         names = {n for (n,) in conn.execute("select param_name from trial_params")}
         (slo,), = conn.execute("select slo from autotune_studies").fetchall()
     assert slo == "ttft[image]:p99<=3000ms,ttft[text]:p99<=1000ms"
@@ -31,5 +32,6 @@ def test_a_vlm_study_on_the_twin_measures_each_class(autotune_run, servers_in, s
     assert m["image_completed"] > 0 and m["text_completed"] > 0 and m["failed"] == 0
     # 640x480 is 393 tokens, 1024x768 1,001: the server's usage counted them into the image requests' prompts
     assert m["image_mean_input_tokens"] > m["text_mean_input_tokens"] + 393
-    assert m["image_median_ttft_ms"] > m["text_median_ttft_ms"]
+    probe = json.loads(baseline[5])["steps"][0]        # one stream: nothing queues, an image costs its prefill
+    assert probe["load"] == 1 and probe["image_median_ttft_ms"] > probe["text_median_ttft_ms"] + 10
     assert not servers_in(tmp_path, "sim-serve")

@@ -17,6 +17,7 @@ from autotune.perfmodel.profiles import load_profile
 from autotune.perfmodel.vision import VisionProfile, load_vision
 from autotune.sim.command import estimate_main
 from autotune.sim.openai import BadRequest, ImageRules, parse_request
+from autotune.slo import SLO
 
 QWEN = load_profile("qwen2.5-vl-7b")
 TINY_IDEFICS = VisionProfile("idefics3", patch_size=16, merge_size=2, depth=2, hidden_size=64, intermediate_size=128,
@@ -145,3 +146,18 @@ def test_twin_prefills_and_encodes_image_requests() -> None:
     flops = QWEN.vision.flops(QWEN.vision.patches(1024, 768))
     plain, encoded = model.step(1, 1001, 1001, 1001 * 500, True), model.step(1, 1001, 1001, 1001 * 500, True, flops)
     assert encoded.compute_s - plain.compute_s == pytest.approx(flops / model.encoder_flops_rate)
+
+
+def test_the_warm_start_twin_ranks_under_image_traffic() -> None:
+    from autotune.space import SearchSpace
+    from autotune.tuner.warmstart import twin_predictor
+
+    space = SearchSpace.from_mapping({"params": {"max_num_seqs": {"type": "int", "low": 8, "high": 256}}}, "inline")
+    slo = SLO.parse("ttft=2s")
+    text = twin_predictor("qwen2.5-vl-7b", "H200", 1, ["--max-model-len", "8192"], space,
+                          {"kind": "random", "input_len": 256, "output_len": 64}, slo, requests=48)
+    images = twin_predictor("qwen2.5-vl-7b", "H200", 1, ["--max-model-len", "8192"], space,
+                            {"kind": "image", "input_len": 256, "output_len": 64, "share": 1.0, "images": 2,
+                             "sizes": "1280x720"}, slo, requests=48)
+    a, b = text({"max_num_seqs": 256}), images({"max_num_seqs": 256})
+    assert b["capacity"] < a["capacity"]           # 2 x 1,198 image tokens a request: fewer streams meet 2 s

@@ -104,8 +104,12 @@ def _build_parser() -> OneLineParser:
     init.add_argument("path", nargs="?", default="autotune.yaml")
     init.add_argument("--force", action="store_true")
 
-    demo = sub.add_parser("demo-model", help="write a tiny random-weight Llama with a local BPE tokenizer")
+    demo = sub.add_parser("demo-model", help="write a tiny random-weight Llama (or, with --vlm, a vision-language "
+                                              "model) with a local BPE tokenizer")
     demo.add_argument("dir")
+    demo.add_argument("--vlm", choices=["idefics3", "qwen2_5_vl"],
+                      help="a random-weight VLM of this architecture (needs torch and transformers)")
+    demo.add_argument("--size", choices=["tiny", "7b"], default="tiny", help="with --vlm: 7b is Qwen2.5-VL-7B's shape")
 
     for name in _DELEGATED:
         sub.add_parser(name, help=f"see 'autotune {name} --help'", add_help=False)
@@ -167,6 +171,12 @@ def _dispatch(args: argparse.Namespace) -> int:
         from autotune.spec import write_init
         return write_init(args.path, force=args.force)
     if args.command == "demo-model":
+        if args.vlm:
+            from autotune.demo_vlm import write_demo_vlm
+            print(write_demo_vlm(args.dir, args.vlm, args.size))
+            return 0
+        if args.size != "tiny":
+            raise UserError("--size needs --vlm")
         from autotune.demo_model import write_demo_model
         write_demo_model(args.dir)
         return 0

@@ -60,7 +60,8 @@ def _corpus() -> list[str]:
     return [line for line in text.splitlines() if line.strip()]
 
 
-def _train_tokenizer() -> Any:
+def train_tokenizer() -> Any:
+    """The demo's byte-level BPE, trained on the bundled corpus (no download); the same for every call."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE(unk_token=None))
@@ -78,7 +79,7 @@ def _train_tokenizer() -> Any:
 
 def _write_tokenizer(out: Path, max_len: int) -> None:
     if not (out / "tokenizer.json").is_file():
-        _atomic_write(out / "tokenizer.json", _train_tokenizer().to_str(pretty=True))
+        _atomic_write(out / "tokenizer.json", train_tokenizer().to_str(pretty=True))
     specials = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
     files = {
         "special_tokens_map.json": specials,

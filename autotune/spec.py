@@ -243,6 +243,8 @@ class StudySpec(_Strict):
             self.load.concurrency = 8
         if self.load.mode == "capacity" and self.load.search == "time_scale" and not trace:
             raise ValueError("load.search time_scale scales a trace's rate: it needs workload kind trace")
+        if self.workload.get("kind") == "image" and "endpoint" not in self.load.model_fields_set:
+            self.load.endpoint = "chat"     # images travel only as chat content parts
         return self
 
     @property

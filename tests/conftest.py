@@ -21,11 +21,16 @@ from autotune.engine import EngineFailure, LaunchRequest, StartupInfo, VLLMEngin
 REPO = Path(__file__).resolve().parents[1]
 LIGHT_FLAGS = ["--dtype", "bfloat16", "--max-model-len", "1024", "--gpu-memory-utilization", "0.15",
                "--max-num-seqs", "16", "--enforce-eager"]
+# The shared VLM server: room for two images of the demo VLM (at most 335 tokens each) and text; at most
+# 2 images a prompt and no processor cache, so that the multimodal knobs are exercised on the real engine.
+VLM_FLAGS = ["--dtype", "bfloat16", "--max-model-len", "2048", "--gpu-memory-utilization", "0.15",
+             "--max-num-seqs", "8", "--enforce-eager", "--limit-mm-per-prompt", '{"image": 2}',
+             "--mm-processor-cache-gb", "0"]
 
 
 # What a test needs, read off the fixtures it asks for, so that a marker cannot be forgotten: `make
 # test-fast` deselects these (tests under tests/e2e/ are `e2e` by their folder).
-_NEEDS = {"vllm_server": "vllm", "postgres_server": "postgres", "postgres_url": "postgres"}
+_NEEDS = {"vllm_server": "vllm", "vlm_server": "vllm", "postgres_server": "postgres", "postgres_url": "postgres"}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -86,26 +91,46 @@ def demo_model_dir() -> Path:
     return write_demo_model(REPO / "models" / "demo")
 
 
-@pytest.fixture(scope="session")
-def vllm_server(demo_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMHandle]:
+def _shared_server(model: Path, flags: list[str], factory: pytest.TempPathFactory, what: str,
+                   startup_timeout_s: float = 300) -> Iterator[VLLMHandle]:
+    """Start one vLLM CPU-build server for the session, yield it, stop it and check its processes are gone."""
     if not vllm_installed():
         pytest.skip("vLLM (CPU build) is not installed in this environment")
-    engine = VLLMEngine(vllm_cmd(), cache_dir=tmp_path_factory.mktemp("help-cache"))
-    log_path = tmp_path_factory.mktemp("vllm-server") / "server.log"
-    model = str(demo_model_dir)
-    server = engine.launch(LaunchRequest(model=model, flags=LIGHT_FLAGS, port=find_free_port(),
-                                         log_path=log_path, startup_timeout_s=300))
+    engine = VLLMEngine(vllm_cmd(), cache_dir=factory.mktemp(f"{what}-help-cache"))
+    log_path = factory.mktemp(f"{what}-server") / "server.log"
+    server = engine.launch(LaunchRequest(model=str(model), flags=flags, port=find_free_port(),
+                                         log_path=log_path, startup_timeout_s=startup_timeout_s))
     try:
         startup = server.wait_ready()
     except EngineFailure as exc:
-        pytest.fail(f"shared vLLM server did not start: {exc}\n{exc.log_tail}")
+        pytest.fail(f"shared {what} server did not start: {exc}\n{exc.log_tail}")
     family = [server.pid] + [p.pid for p in psutil.Process(server.pid).children(recursive=True)]
     try:
-        yield VLLMHandle(url=server.url, model=model, server=server, startup=startup)
+        yield VLLMHandle(url=server.url, model=str(model), server=server, startup=startup)
     finally:
         server.stop()
     left = [pid for pid in family if _running(pid)]
-    assert not left, f"shared vLLM server left processes behind: {left}"
+    assert not left, f"shared {what} server left processes behind: {left}"
+
+
+@pytest.fixture(scope="session")
+def vllm_server(demo_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMHandle]:
+    yield from _shared_server(demo_model_dir, LIGHT_FLAGS, tmp_path_factory, "vllm")
+
+
+@pytest.fixture(scope="session")
+def demo_vlm_dir() -> Path:
+    """The tiny random-weight VLM (Idefics3 architecture) the CPU build serves; needs torch and transformers."""
+    pytest.importorskip("transformers")
+    from autotune.demo_vlm import write_demo_vlm
+
+    return write_demo_vlm(REPO / "models" / "demo-vlm", "idefics3")
+
+
+@pytest.fixture(scope="session")
+def vlm_server(demo_vlm_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMHandle]:
+    """One vLLM CPU-build server of the demo VLM for the session's bench-level image tests."""
+    yield from _shared_server(demo_vlm_dir, VLM_FLAGS, tmp_path_factory, "vlm", startup_timeout_s=400)
 
 
 class AutotuneRun:

@@ -50,6 +50,13 @@ class EarlyAbort:
         return None
 
     def _term(self, t: SLOTerm, done: Sequence[RequestRecord], live: list[Live], now: float) -> str | None:
+        total = self.total
+        if t.cls is not None:
+            # a class's term judges that class's requests; how many of them the step sends is not known
+            # in advance, so the 'certain' rule (which needs the step's total) does not apply
+            done = [r for r in done if t.applies(r.images)]
+            live = [x for x in live if t.applies(x.images)]
+            total = None
         failed = sum(1 for r in done if not r.ok)
         if t.metric == "itl":
             values = [x for r in done if r.ok for x in r.itl_ms]
@@ -70,8 +77,8 @@ class EarlyAbort:
             return None
         allowed = 1.0 - t.percentile / 100.0
         bad = over + (0 if t.metric == "itl" else failed) + over_live
-        if self.total and t.metric != "itl" and bad >= certain_violators_needed(self.total, t.percentile):
-            return f"{bad} of {self.total} requests already over the limit"
+        if total and t.metric != "itl" and bad >= certain_violators_needed(total, t.percentile):
+            return f"{bad} of {total} requests already over the limit"
         finished_bad = over + (0 if t.metric == "itl" else failed)
         if len([r for r in done]) >= self.min_samples and n_done and \
                 wilson_lower(finished_bad, n_done) > allowed:

@@ -57,7 +57,8 @@ def relative_margin(step: LoadStep, slo: SLO) -> float:
     cut = int(step.measurement.load.get("cancelled") or 0)
     margins = slo_margins(list(step.measurement.records) + [_CUT] * cut, slo)
     limits = {t.key: t.limit_ms for t in slo.terms}
-    return min(MARGIN_CAP, max(margins[k] / limits[k] for k in margins))
+    # a class term with no request of its class in the step is not in `margins`: the others decide
+    return min(MARGIN_CAP, max((margins[k] / limits[k] for k in margins), default=0.0))
 
 
 _CUT = RequestRecord(start_s=0.0, ttft_ms=None, e2el_ms=None, itl_ms=[], input_tokens=0, output_tokens=0, ok=False,

@@ -26,10 +26,11 @@ ENDPOINTS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 @dataclass
 class Live:
     """A request in flight, visible to the early-abort check (a request still waiting for its first
-    token past the TTFT limit has already broken it)."""
+    token past the TTFT limit has already broken it); `images` tells its class."""
 
     start: float
     first: float | None = None
+    images: int = 0
 
 
 STALLED = "stalled"   # the error of a request that received nothing for stall_timeout_s
@@ -84,9 +85,12 @@ class StreamClient:
         body: dict[str, Any] = {"model": self.model, "stream": True, "ignore_eos": True,
                                 "stream_options": {"include_usage": True}}
         if self.endpoint == "chat":
-            body["messages"] = list(prompt.messages) if prompt.messages else [{"role": "user", "content": prompt.text}]
+            body["messages"] = chat_messages(prompt)
             body["max_completion_tokens"] = prompt.output_len
         else:
+            if prompt.images:
+                raise UserError("requests with images go to the chat endpoint: use --endpoint chat "
+                                "(load.endpoint: chat in a study)")
             body["prompt"] = prompt.text
             body["max_tokens"] = prompt.output_len
         return json.dumps(body).encode()
@@ -171,9 +175,11 @@ class StreamClient:
                 self.sim_span = (min(lo, sim_arrival), max(hi, sim_arrival + sim_times[-1]))
             return RequestRecord(start_s=start, ttft_ms=sim_times[0] * 1000.0, e2el_ms=sim_times[-1] * 1000.0,
                                  itl_ms=[(b - a) * 1000.0 for a, b in zip(sim_times, sim_times[1:])],
-                                 input_tokens=int(in_tokens), output_tokens=out_tokens, ok=True)
+                                 input_tokens=int(in_tokens), output_tokens=out_tokens, ok=True,
+                                 images=len(prompt.images))
         return RequestRecord(start_s=start, ttft_ms=(first - start) * 1000.0, e2el_ms=(last - start) * 1000.0,
-                             itl_ms=itl, input_tokens=int(in_tokens), output_tokens=out_tokens, ok=True)
+                             itl_ms=itl, input_tokens=int(in_tokens), output_tokens=out_tokens, ok=True,
+                             images=len(prompt.images))
 
     def _output_tokens(self, usage: dict[str, Any] | None, pieces: list[str], chunks: int) -> int:
         """The server's count when it gives one; else the tokenizer's; else one token per chunk."""
@@ -186,7 +192,27 @@ class StreamClient:
     @staticmethod
     def _failed(prompt: Prompt, start: float, error: str) -> RequestRecord:
         return RequestRecord(start_s=start, ttft_ms=None, e2el_ms=None, itl_ms=[],
-                             input_tokens=prompt.input_tokens or 0, output_tokens=0, ok=False, error=error)
+                             input_tokens=prompt.input_tokens or 0, output_tokens=0, ok=False, error=error,
+                             images=len(prompt.images))
+
+
+def chat_messages(prompt: Prompt) -> list[dict[str, Any]]:
+    """The request's chat messages, each image an `image_url` content part of its message (the last user
+    message when it names none), ahead of that message's text."""
+    messages: list[dict[str, Any]] = [dict(m) for m in prompt.messages] if prompt.messages else \
+        [{"role": "user", "content": prompt.text}]
+    if not prompt.images:
+        return messages
+    users = [i for i, m in enumerate(messages) if m.get("role") == "user"]
+    default = users[-1] if users else len(messages) - 1
+    parts: dict[int, list[dict[str, Any]]] = {}
+    for img in prompt.images:
+        at = img.message if img.message is not None and 0 <= img.message < len(messages) else default
+        parts.setdefault(at, []).append({"type": "image_url", "image_url": {"url": img.url}})
+    for at, images in parts.items():
+        text = messages[at].get("content") or ""
+        messages[at]["content"] = images + ([{"type": "text", "text": text}] if text else [])
+    return messages
 
 
 def _one_line(err: object) -> str:

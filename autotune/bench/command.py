@@ -20,7 +20,7 @@ from autotune.bench.tokens import load_tokenizer
 from autotune.bench.workloads import parse_workload
 from autotune.cli import OneLineParser
 from autotune.errors import UserError, one_line_errors
-from autotune.slo import SLO
+from autotune.slo import SLO, check_slo_classes
 
 
 def _positive_float(text: str) -> float:
@@ -38,10 +38,12 @@ def build_parser() -> OneLineParser:
                       "(vllm bench serve's metrics, plus goodput and capacity under an SLO).")
     p.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
     p.add_argument("--model", required=True, help="model name the server serves")
-    p.add_argument("--endpoint", choices=["completions", "chat"], default="completions")
+    p.add_argument("--endpoint", choices=["completions", "chat"],
+                   help="default: chat for a workload with images, else completions")
     p.add_argument("--workload", default="random:input_len=128,output_len=64",
                    help="random:input_len=N,output_len=N[,range_ratio=R] | jsonl:path=FILE | "
                         "prefix:prefix_len=K,suffix_len=S,output_len=O | "
+                        "image:input_len=N,output_len=N[,share=S][,images=K|LOW-HIGH][,sizes=WxH/WxH][,format=png|jpeg] | "
                         "trace:path=FILE[,time_scale=X][,start=S][,duration=D] (replayed at its recorded times "
                         "when no --concurrency/--rate is given)")
     p.add_argument("--concurrency", type=int, help="requests in flight (closed loop; with --rate: a cap)")
@@ -75,7 +77,10 @@ def _run(args) -> int:  # type: ignore[no-untyped-def]
     if url.scheme not in ("http", "https") or not url.netloc:
         raise UserError(f"--url {args.url!r} is not a base URL like http://127.0.0.1:8000")
     workload = parse_workload(args.workload)
+    args.endpoint = args.endpoint or ("chat" if workload.max_images else "completions")
     slo = SLO.parse(args.slo) if args.slo else None
+    if slo is not None:
+        check_slo_classes(slo, workload)
     if args.check_slo and (slo is None or args.capacity):
         raise UserError("--check-slo needs --slo and a fixed load (not --capacity)")
     rate = None if args.rate is None else _positive_float(args.rate)

@@ -16,7 +16,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from autotune.bench.results import RequestRecord
-from autotune.slo import SLO, stat_key
+from autotune.slo import CLASSES, SLO, request_class, stat_key
 
 PERCENTILES = (90.0, 95.0, 99.0, 99.9)
 FAILED_MS = 1e9   # a failed request's latency in SLO checks: finite so that percentiles interpolate
@@ -26,15 +26,48 @@ def _pct_name(p: float) -> str:
     return f"p{p:g}"
 
 
-def distribution(values: Sequence[float], name: str) -> dict[str, float]:
-    """mean/median/std and PERCENTILES of `values`, keyed like vLLM (`median_ttft_ms`, `p99_ttft_ms`)."""
+def distribution(values: Sequence[float], name: str, cls: str | None = None) -> dict[str, float]:
+    """mean/median/std and PERCENTILES of `values`, keyed like vLLM (`median_ttft_ms`, `p99_ttft_ms`);
+    a class's own figures carry its name in front (`image_p99_ttft_ms`)."""
     if len(values) == 0:
         return {}
     arr = np.asarray(values, dtype=float)
-    out = {stat_key(name, "mean"): float(arr.mean()), stat_key(name, "p50"): float(np.median(arr)),
-           f"std_{name}_ms": float(arr.std())}
+    out = {stat_key(name, "mean", cls): float(arr.mean()), stat_key(name, "p50", cls): float(np.median(arr)),
+           (f"{cls}_" if cls else "") + f"std_{name}_ms": float(arr.std())}
     for p, v in zip(PERCENTILES, np.percentile(arr, PERCENTILES)):
-        out[stat_key(name, _pct_name(p))] = float(v)
+        out[stat_key(name, _pct_name(p), cls)] = float(v)
+    return out
+
+
+def _latencies(ok: Sequence[RequestRecord], cls: str | None = None) -> dict[str, float]:
+    out = distribution([r.ttft_ms for r in ok if r.ttft_ms is not None], "ttft", cls)
+    out.update(distribution([t for r in ok if (t := r.tpot_ms) is not None], "tpot", cls))
+    out.update(distribution([x for r in ok for x in r.itl_ms], "itl", cls))
+    out.update(distribution([r.e2el_ms for r in ok if r.e2el_ms is not None], "e2el", cls))
+    return out
+
+
+def class_figures(records: Sequence[RequestRecord], duration_s: float) -> dict[str, float]:
+    """Requests with images and without, each summarized apart (keys prefixed `image_` / `text_`), and
+    the images served per second (`images_per_s`, `total_images`). Empty when no request carried an
+    image: a text-only run keeps exactly `vllm bench serve`'s keys."""
+    if not any(r.images for r in records):
+        return {}
+    dur = max(duration_s, 1e-9)
+    ok_images = sum(r.images for r in records if r.ok)
+    out: dict[str, float] = {"total_images": ok_images, "images_per_s": ok_images / dur}
+    for cls in CLASSES:
+        mine = [r for r in records if request_class(r.images) == cls]
+        if not mine:
+            continue
+        ok = [r for r in mine if r.ok]
+        tout = sum(r.output_tokens for r in ok)
+        out.update({f"{cls}_completed": len(ok), f"{cls}_failed": len(mine) - len(ok),
+                    f"{cls}_total_input_tokens": sum(r.input_tokens for r in ok),
+                    f"{cls}_request_throughput": len(ok) / dur, f"{cls}_output_throughput": tout / dur})
+        if ok:
+            out[f"{cls}_mean_input_tokens"] = sum(r.input_tokens for r in ok) / len(ok)
+        out.update(_latencies(ok, cls))
     return out
 
 
@@ -90,13 +123,11 @@ def summarize(records: Sequence[RequestRecord], duration_s: float, slo: SLO | No
         "total_token_throughput": (tin + tout) / dur,
         "max_concurrent_requests": peak_concurrency(records),
     }
-    out.update(distribution([r.ttft_ms for r in ok if r.ttft_ms is not None], "ttft"))
-    out.update(distribution([t for r in ok if (t := r.tpot_ms) is not None], "tpot"))
-    out.update(distribution([x for r in ok for x in r.itl_ms], "itl"))
-    out.update(distribution([r.e2el_ms for r in ok if r.e2el_ms is not None], "e2el"))
+    out.update(_latencies(ok))
+    out.update(class_figures(records, duration_s))
     out.update(send_drift(records))
     if slo is not None:
-        good = sum(1 for r in ok if slo.request_ok(r.ttft_ms, r.tpot_ms, r.e2el_ms, r.itl_ms))
+        good = sum(1 for r in ok if slo.request_ok(r.ttft_ms, r.tpot_ms, r.e2el_ms, r.itl_ms, r.images))
         out["goodput"] = out["request_goodput"] = good / dur
         out["slo_attainment_pct"] = 100.0 * good / len(records) if records else 0.0
     return out
@@ -121,11 +152,15 @@ def send_drift(records: Sequence[RequestRecord]) -> dict[str, float]:
 
 def slo_margins(records: Sequence[RequestRecord], slo: SLO) -> dict[str, float]:
     """Measured minus limit per SLO term, counting each failed request as an infinitely slow one, so a
-    server that drops requests cannot meet an SLO by dropping its slowest ones."""
-    failed = sum(1 for r in records if not r.ok)
-    ok = [r for r in records if r.ok]
+    server that drops requests cannot meet an SLO by dropping its slowest ones. A class term is left out
+    when no request of its class was sent (nothing to judge; the other terms decide)."""
     out: dict[str, float] = {}
     for t in slo.terms:
+        mine = [r for r in records if t.applies(r.images)]
+        if t.cls is not None and not mine:
+            continue
+        failed = sum(1 for r in mine if not r.ok)
+        ok = [r for r in mine if r.ok]
         if t.metric == "itl":
             values = [x for r in ok for x in r.itl_ms]
             extra = 0          # failed requests have no token gaps to add

@@ -12,6 +12,8 @@ Two service models, chosen per server:
 `order=random` (batch mode) gives a free slot to a waiting request drawn from a seeded generator
 instead of the longest waiting: the same tokens/s, a longer tail of the TTFT (tests/fixtures/standin_vllm.py
 uses it for a load at which the SLO holds that moves between servers while the tokens/s do not).
+Chat requests may carry images (`image_url` content parts): each adds `image_tokens` prompt tokens and,
+in stream mode, `image_ms` before the first chunk, so figures per request class are known in advance.
 `fail_every=N` answers every Nth request with HTTP 500 (failed-request accounting);
 `reset_cache=false` makes `POST /reset_prefix_cache` a 404, as on a vLLM without dev mode.
 `jit_batch=B` (batch mode) mimics a kernel JIT-compiled under load: once a batch of B or more has run
@@ -56,6 +58,8 @@ class MockConfig:
     jit_times: int = 1            # compiles before the kernel counts as cached
     jit_kernel: str = "fused_moe_kernel"
     log_path: str | None = None   # where the compile's warning line is appended (the server log)
+    image_tokens: int = 0         # prompt tokens each image of a chat request adds
+    image_ms: float = 0.0         # stream mode: extra wait before the first chunk, per image
 
 
 @dataclass
@@ -197,17 +201,21 @@ def build_app(cfg: MockConfig) -> web.Application:
             return web.json_response({"error": {"message": "mock failure"}}, status=500)
         n_out = int(body.get("max_completion_tokens") or body.get("max_tokens") or 16)
         prompt = body.get("prompt") if not chat else body["messages"][-1]["content"]
-        n_in = len(str(prompt).split())
+        parts = [p for m in body.get("messages") or [] if isinstance(m.get("content"), list) for p in m["content"]]
+        images = sum(1 for p in parts if p.get("type") == "image_url")
+        if parts:
+            prompt = " ".join(p.get("text", "") for p in parts if p.get("type") == "text")
+        n_in = len(str(prompt).split()) + images * cfg.image_tokens
         model = str(body.get("model", "mock"))
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         try:
-            return await _stream(resp, chat, model, n_in, n_out, t_recv)
+            return await _stream(resp, chat, model, n_in, n_out, t_recv, images * cfg.image_ms)
         except (ConnectionError, asyncio.CancelledError):
             return resp      # the client went away (an aborted load step): nothing to send
 
     async def _stream(resp: web.StreamResponse, chat: bool, model: str, n_in: int, n_out: int,
-                      t_recv: float) -> web.StreamResponse:
+                      t_recv: float, extra_ttft_ms: float = 0.0) -> web.StreamResponse:
         times: list[float] = []
         piece = _chunk(" tok", chat, model)
         if cfg.mode == "batch":
@@ -222,8 +230,8 @@ def build_app(cfg: MockConfig) -> web.Application:
             finally:
                 seq.gone = True
         else:
-            if cfg.ttft_ms:
-                await asyncio.sleep(cfg.ttft_ms / 1000.0)
+            if cfg.ttft_ms or extra_ttft_ms:
+                await asyncio.sleep((cfg.ttft_ms + extra_ttft_ms) / 1000.0)
             due = time.perf_counter()
             for i in range(n_out):
                 if i and cfg.itl_ms:

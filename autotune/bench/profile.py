@@ -86,7 +86,25 @@ def describe(prompts: Sequence[Prompt], tokenizer: Tokenizer | None) -> dict[str
     times = [p.at_s for p in prompts if p.at_s is not None]
     if len(times) == len(prompts):
         out["arrivals"] = _arrivals(times)
+    images = _images(prompts)
+    if images:
+        out["images"] = images
     return out
+
+
+def _images(prompts: Sequence[Prompt]) -> dict[str, Any] | None:
+    """How many requests carry images, how many each, and the commonest sizes."""
+    carrying = [p for p in prompts if p.images]
+    if not carrying:
+        return None
+    sizes: dict[str, int] = {}
+    for p in carrying:
+        for img in p.images:
+            key = f"{img.width}x{img.height}"
+            sizes[key] = sizes.get(key, 0) + 1
+    counts = [len(p.images) for p in carrying]
+    return {"requests_pct": 100.0 * len(carrying) / len(prompts), "per_image_request": sum(counts) / len(counts),
+            "max_per_request": max(counts), "sizes": dict(sorted(sizes.items(), key=lambda kv: -kv[1])[:8])}
 
 
 def _spark(values: Sequence[float]) -> str:
@@ -117,4 +135,8 @@ def format_profile(d: dict[str, Any]) -> str:
                      f"({a['peak_to_mean']:.1f}x mean); inter-arrival CV {a['interarrival_cv']:.2f} ({shape})")
     lines.append(f"  prompt tokens repeating an earlier request's prefix: {d['prefix_share_pct']:.1f} % "
                  f"(whole {d['prefix_block']}-token blocks, counted in {d['counted_with']})")
+    im = d.get("images")
+    if im:
+        lines.append(f"  images: {im['requests_pct']:.0f} % of requests carry {im['per_image_request']:.2f} on average "
+                     f"(at most {im['max_per_request']}); sizes " + ", ".join(f"{k} x{v}" for k, v in im["sizes"].items()))
     return "\n".join(lines)

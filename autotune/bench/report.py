@@ -9,6 +9,7 @@ from typing import Any
 
 from autotune.bench.metrics import PERCENTILES
 from autotune.bench.results import CapacityResult, Measurement
+from autotune.slo import CLASSES
 
 _NAMES = {"ttft": "Time to First Token", "tpot": "Time per Output Token (excl. 1st token)",
           "itl": "Inter-token Latency", "e2el": "End-to-end Latency"}
@@ -51,6 +52,7 @@ def format_measurement(m: Measurement, title: str = "Serving Benchmark Result") 
         lines += [_row(f"Mean {key.upper()} (ms):", x[f"mean_{key}_ms"]),
                   _row(f"Median {key.upper()} (ms):", x[f"median_{key}_ms"])]
         lines += [_row(f"P{p:g} {key.upper()} (ms):", x[f"p{p:g}_{key}_ms"]) for p in PERCENTILES]
+    lines += _class_lines(x)
     if "p99_send_drift_ms" in x:
         lines.append(f"{'Send Time Drift (vs schedule)':-^50}")
         lines += [_row("Median send drift (ms):", x["median_send_drift_ms"]),
@@ -76,6 +78,29 @@ def format_measurement(m: Measurement, title: str = "Serving Benchmark Result") 
     return "\n".join(lines)
 
 
+def _class_lines(x: dict[str, Any]) -> list[str]:
+    """Requests with images and without, side by side (only when some request carried an image)."""
+    present = [c for c in CLASSES if f"{c}_completed" in x]
+    if not present:
+        return []
+    lines = [f"{'Requests by class':-^50}", _row("Images per second:", x.get("images_per_s", 0.0)),
+             _row("Total images:", int(x.get("total_images", 0))),
+             f"{'':<22}" + "".join(f"{c:>14}" for c in present)]
+    rows = [("Successful requests", "completed", "{:.0f}"), ("Failed requests", "failed", "{:.0f}"),
+            ("Mean input tokens", "mean_input_tokens", "{:.1f}"), ("Request thpt (req/s)", "request_throughput", "{:.2f}"),
+            ("Output thpt (tok/s)", "output_throughput", "{:.2f}"), ("Median TTFT (ms)", "median_ttft_ms", "{:.2f}"),
+            ("P99 TTFT (ms)", "p99_ttft_ms", "{:.2f}"), ("Median TPOT (ms)", "median_tpot_ms", "{:.2f}"),
+            ("P99 E2EL (ms)", "p99_e2el_ms", "{:.2f}")]
+    for label, key, fmt in rows:
+        cells = [x.get(f"{c}_{key}") for c in present]
+        lines.append(f"{label:<22}" + "".join(f"{'-' if v is None else fmt.format(v):>14}" for v in cells))
+    return lines
+
+
+def _class_ttft(x: dict[str, Any]) -> str:
+    return "".join(f"  p99 TTFT {c} {x[f'{c}_p99_ttft_ms']:.1f} ms" for c in CLASSES if f"{c}_p99_ttft_ms" in x)
+
+
 def format_capacity(r: CapacityResult) -> str:
     lines = [f"{' Capacity under SLO (' + r.mode + ') ':=^50}"]
     unit = "x the trace's rate" if r.mode == "time_scale" else ""
@@ -84,7 +109,7 @@ def format_capacity(r: CapacityResult) -> str:
         lines.append(f"step {i}: load {s.load:g}{unit and ' (x)'}  {'met ' if s.slo_met else 'BROKE'}  "
                      f"out {x.get('output_throughput', 0):.1f} tok/s  "
                      f"p50 TTFT {x.get('median_ttft_ms', math.nan):.1f} ms  p50 TPOT {x.get('median_tpot_ms', math.nan):.2f} ms"
-                     + ("  (aborted early)" if s.measurement.aborted_early else ""))
+                     + _class_ttft(x) + ("  (aborted early)" if s.measurement.aborted_early else ""))
     lines.append(_row("Capacity:", "none (SLO broken at the lowest load)" if r.capacity is None else
                       f"{r.capacity:g} {unit}".strip()
                       + (f" (time_scale {1 / r.capacity:.3g})" if unit and r.capacity else "")))

@@ -27,6 +27,7 @@ class RequestRecord:
     ok: bool
     error: str | None = None
     scheduled_s: float | None = None   # open loop: when the request was due (same clock as start_s)
+    images: int = 0                    # images the request carried (its class: slo.request_class)
 
     @property
     def tpot_ms(self) -> float | None:

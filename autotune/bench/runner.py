@@ -86,6 +86,9 @@ async def run_load(base_url: str, model: str, workload: Workload, *, concurrency
         raise UserError(f"warmup must be >= 0, got {warmup}")
     if settle < 0:
         raise UserError(f"settle must be >= 0, got {settle}")
+    if workload.max_images and endpoint != "chat":
+        raise UserError(f"workload {workload.kind} sends images, which go to the chat endpoint: use --endpoint chat "
+                        "(load.endpoint: chat in a study)")
     replay = isinstance(workload, TraceWorkload) and concurrency is None and rate is None
     if replay and time_scale is None:
         time_scale = workload.time_scale   # type: ignore[attr-defined]
@@ -165,7 +168,7 @@ async def _measure(client: StreamClient, arrivals: Arrivals, prompts: Iterator[P
                 stop.set()
 
     async def send(p: Prompt, scheduled: float | None = None) -> None:
-        slot = Live(time.perf_counter())
+        slot = Live(time.perf_counter(), images=len(p.images))
         dispatched[0] += 1
         if dispatched[0] <= settle:       # the first wave: sent under load, summarized apart
             first_wave.append(await client.request(p, slot))

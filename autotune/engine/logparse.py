@@ -76,6 +76,8 @@ _FAILURES: tuple[tuple[str, re.Pattern[str]], ...] = (
     # ... and the same checks as plain ValueErrors (releases before the pydantic configs).
     (causes.BAD_CONFIG, re.compile(r"ValueError: (?:max_num_batched_tokens|max_model_len|max_num_seqs|"
                                    r"User-specified max_model_len)\b.*(?:smaller than|greater than|must be).*")),
+    # a VLM whose largest image does not fit the step's token budget with chunked MM input off
+    (causes.BAD_CONFIG, re.compile(r"ValueError: Chunked MM input disabled but max_tokens_per_mm_item.*")),
     (causes.STARTUP_OOM, re.compile(r"Free memory on device.*less than desired GPU memory utilization.*", re.I)),
     (causes.STARTUP_OOM, re.compile(r"Available memory on node.*less than desired CPU memory utilization.*", re.I)),
     (causes.KV_TOO_SMALL, re.compile(r"To serve at least one request with the model\S* max seq len.*", re.I)),

@@ -9,7 +9,8 @@ as vLLM itself would report it.
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -41,11 +42,11 @@ _IGNORED_VALUED = (
     "--tokenizer", "--revision", "--tokenizer-revision", "--tokenizer-mode", "--load-format",
     "--download-dir", "--distributed-executor-backend", "--swap-space", "--cpu-offload-gb",
     "--max-seq-len-to-capture", "--uvicorn-log-level", "--api-key", "--chat-template",
-    "--generation-config", "--limit-mm-per-prompt", "--max-num-partial-prefills", "--max-long-partial-prefills",
+    "--generation-config", "--max-num-partial-prefills", "--max-long-partial-prefills",
     "--scheduling-policy", "--compilation-config", "--stream-interval", "--cudagraph-capture-sizes",
     "--cuda-graph-sizes", "--speculative-config", "--hf-overrides", "--override-generation-config",
     "--reasoning-parser", "--tool-call-parser", "--guided-decoding-backend", "--structured-outputs-config",
-    "--max-logprobs", "--root-path", "--allowed-origins", "--lora-modules", "--mm-processor-kwargs",
+    "--max-logprobs", "--root-path", "--allowed-origins", "--lora-modules", "--mm-processor-cache-type",
     "--worker-extension-cls", "--attention-backend", "--shutdown-timeout", "--max-parallel-loading-workers",
     "--tokenizer-pool-size", "--otlp-traces-endpoint", "--ssl-keyfile", "--ssl-certfile", "--chat-template-content-format",
 )
@@ -89,12 +90,40 @@ def add_vllm_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--performance-mode", choices=("balanced", "interactivity", "throughput"), default="balanced")
     g.add_argument("--num-gpu-blocks-override", type=int)
     g.add_argument("--seed-vllm", dest="vllm_seed", type=int, help=argparse.SUPPRESS)
+    # multimodal: what an image costs (perfmodel/vision.py) and what the server accepts
+    g.add_argument("--limit-mm-per-prompt", type=_json_object, default=None)
+    g.add_argument("--mm-processor-kwargs", type=_json_object, default=None)
+    g.add_argument("--mm-processor-cache-gb", type=float, default=4.0)
+    g.add_argument("--mm-encoder-tp-mode", choices=("data", "weights"), default="weights")
+    g.add_argument("--disable-chunked-mm-input", action=argparse.BooleanOptionalAction, default=False)
+    g.add_argument("--skip-mm-profiling", action=argparse.BooleanOptionalAction, default=False)
     for flag in _IGNORED_VALUED:
         g.add_argument(flag, help=argparse.SUPPRESS)
     for flag in _IGNORED_SWITCHES:
         g.add_argument(flag, action="store_true", help=argparse.SUPPRESS)
     for flag in _IGNORED_BOOLEANS:
         g.add_argument(flag, action=argparse.BooleanOptionalAction, help=argparse.SUPPRESS)
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    """vLLM's JSON-valued flags (--limit-mm-per-prompt '{"image": 2}')."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid JSON {text!r}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
+    return value
+
+
+def image_limit(limits: dict[str, Any] | None) -> tuple[int | None, tuple[int, int] | None]:
+    """(images per prompt, the largest image size the server is told to expect) from
+    --limit-mm-per-prompt: `{"image": 2}` or `{"image": {"count": 2, "width": 512, "height": 512}}`."""
+    entry = (limits or {}).get("image")
+    if isinstance(entry, dict):
+        size = (int(entry["width"]), int(entry["height"])) if entry.get("width") and entry.get("height") else None
+        return (int(entry["count"]) if entry.get("count") is not None else None), size
+    return (int(entry) if isinstance(entry, (int, float)) else None), None
 
 
 def _max_model_len(text: str) -> int:
@@ -170,10 +199,23 @@ class EngineConfig:
     max_cudagraph_capture_size: int | None = None   # None: vLLM's own, min(2 x max-num-seqs, 512)
     long_prefill_token_threshold: int = 0           # 0: off; else the per-step chunk of one prompt when others wait
     optimization_level: int = 2                     # 0: eager, 1: piecewise graphs only, 2 and 3: full graphs
+    # multimodal (a VLM's profile has `vision`): images per prompt (None: vLLM's default, 999), the size
+    # --limit-mm-per-prompt announces, --mm-processor-kwargs, and the encoder's flags
+    mm_image_limit: int | None = None
+    mm_image_size: tuple[int, int] | None = None
+    mm_processor_kwargs: dict[str, Any] = field(default_factory=dict)
+    mm_encoder_tp_mode: str = "weights"
+    disable_chunked_mm_input: bool = False
+    skip_mm_profiling: bool = False
 
     @property
     def world_size(self) -> int:
         return self.tp * self.pp * self.dp
+
+    @property
+    def images_enabled(self) -> bool:
+        """--limit-mm-per-prompt with 0 images: vLLM leaves the vision encoder out."""
+        return self.mm_image_limit != 0
 
 
 def resolve(ns: argparse.Namespace, profile: ModelProfile, gpu: GPU) -> EngineConfig:
@@ -205,7 +247,17 @@ def resolve(ns: argparse.Namespace, profile: ModelProfile, gpu: GPU) -> EngineCo
         max_cudagraph_capture_size=ns.max_cudagraph_capture_size,
         long_prefill_token_threshold=max(0, ns.long_prefill_token_threshold or 0),
         optimization_level=ns.optimization_level,
+        **_multimodal(ns),
     )
+
+
+def _multimodal(ns: argparse.Namespace) -> dict[str, Any]:
+    limit, size = image_limit(getattr(ns, "limit_mm_per_prompt", None))
+    return dict(mm_image_limit=limit, mm_image_size=size,
+                mm_processor_kwargs=dict(getattr(ns, "mm_processor_kwargs", None) or {}),
+                mm_encoder_tp_mode=getattr(ns, "mm_encoder_tp_mode", "weights"),
+                disable_chunked_mm_input=bool(getattr(ns, "disable_chunked_mm_input", False)),
+                skip_mm_profiling=bool(getattr(ns, "skip_mm_profiling", False)))
 
 
 def _weights(ns: argparse.Namespace, profile: ModelProfile, gpu: GPU) -> tuple[float, float, str]:

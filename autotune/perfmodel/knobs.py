@@ -41,6 +41,12 @@ MODELLED: dict[str, str] = {
     "optimization_level": "0 = no graphs (as --enforce-eager), 1 = piecewise graphs only (attention outside "
                           "the graph every step), 2 and 3 = today's default (vLLM: O3 is O2); compile time "
                           "is not modelled",
+    "limit_mm_per_prompt": "a VLM's images per prompt: how many of the largest image vLLM's profiling pass "
+                           "encodes, requests with more images refused (HTTP 400), 0 drops the encoder",
+    "mm_processor_kwargs": "max_pixels (Qwen2-VL family) or size (Idefics3): tokens per image by the processor's "
+                           "resize rule, and the largest image profiled",
+    "mm_encoder_tp_mode": "the vision encoder's weights and FLOPs split over TP ranks (weights) or whole on each "
+                          "(data); its per-layer all-reduce is not modelled",
 }
 
 # knob -> why the twin cannot say what it does (its effect is left to measurement)
@@ -55,6 +61,9 @@ UNMODELLED: dict[str, str] = {
     "cudagraph_capture_sizes": "an explicit size list is not in the twin (only the largest size is)",
     "max_num_partial_prefills": "concurrent partial prefill (refused by vLLM's v1 engine) is not in the twin",
     "max_long_partial_prefills": "concurrent partial prefill (refused by vLLM's v1 engine) is not in the twin",
+    "mm_processor_cache_gb": "host memory and the processor's time on a repeated image are not in the twin",
+    "disable_chunked_mm_input": "the twin checks its startup rule (the largest image within the token budget) "
+                                "but does not keep an image's tokens in one step",
 }
 
 

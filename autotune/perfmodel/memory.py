@@ -89,14 +89,62 @@ def expert_weight_bytes(profile: ModelProfile, cfg: EngineConfig) -> float:
     return profile.routed_expert_params * cfg.weight_bytes / (expert_ranks * cfg.pp)
 
 
+def vision_weight_bytes(profile: ModelProfile, cfg: EngineConfig) -> float:
+    """Bytes per GPU of a VLM's vision encoder (16-bit: online quantization leaves most encoders alone):
+    split over TP in the encoder's `weights` mode, whole on every rank in `data` mode; absent when
+    --limit-mm-per-prompt allows no image (vLLM then does not build the encoder)."""
+    if profile.vision is None or not cfg.images_enabled:
+        return 0.0
+    split = cfg.tp if cfg.mm_encoder_tp_mode == "weights" else 1
+    return profile.vision.params * 2.0 / split
+
+
 def weights_gib_per_gpu(profile: ModelProfile, cfg: EngineConfig) -> float:
     """What vLLM logs as "Model loading took X GiB" on one GPU."""
-    return (dense_weight_bytes(profile, cfg) + expert_weight_bytes(profile, cfg)) / GiB
+    return (dense_weight_bytes(profile, cfg) + expert_weight_bytes(profile, cfg)
+            + vision_weight_bytes(profile, cfg)) / GiB
+
+
+def max_tokens_per_image(profile: ModelProfile, cfg: EngineConfig) -> int:
+    """vLLM's max_tokens_per_mm_item for images (0 for a text model or with images disabled)."""
+    if profile.vision is None or not cfg.images_enabled:
+        return 0
+    return profile.vision.max_tokens_per_item(cfg.mm_processor_kwargs, cfg.mm_image_size)
+
+
+@dataclass
+class EncoderProfile:
+    """vLLM's profiling run for a VLM (gpu_model_runner.profile_run): the encoder runs on `items` images
+    of the largest size at once, then their embeddings stay while the language model's dummy pass runs."""
+
+    items: int
+    tokens_per_item: int
+    peak_bytes: float          # the encoder pass itself
+    outputs_bytes: float       # the embeddings kept through the language model's pass
+
+
+def encoder_profile(profile: ModelProfile, cfg: EngineConfig) -> EncoderProfile | None:
+    """items = the encoder budget (max(max-num-batched-tokens, one image)) over one image's tokens, at most
+    the images max-num-seqs prompts can hold (multimodal/encoder_budget.py); None without images."""
+    v = profile.vision
+    per = max_tokens_per_image(profile, cfg)
+    if v is None or per <= 0 or cfg.skip_mm_profiling:
+        return None
+    budget = max(cfg.max_num_batched_tokens, per)
+    limit = 999 if cfg.mm_image_limit is None else cfg.mm_image_limit
+    per_prompt = max(1, min(limit, cfg.max_model_len // per))
+    seqs = cfg.max_num_seqs if cfg.chunked_prefill else min(cfg.max_num_seqs, cfg.max_num_batched_tokens // per)
+    items = max(1, min(budget // per, max(seqs, 0) * per_prompt))
+    patches = items * per * v.merge_size ** 2      # every merge x merge patches (or pixel-shuffled ones) make a token
+    split = cfg.tp if cfg.mm_encoder_tp_mode == "weights" else 1
+    peak = v.activation_bytes(patches) / split
+    return EncoderProfile(items, per, peak, items * per * profile.hidden_size * 2.0 / cfg.tp)
 
 
 def activation_gib(profile: ModelProfile, cfg: EngineConfig) -> float:
     """Peak of vLLM's profiling forward pass at max-num-batched-tokens, plus the sampler's logits
-    for max-num-seqs sequences. Grows with both flags."""
+    for max-num-seqs sequences. Grows with both flags. A VLM profiles its encoder first: the peak is the
+    encoder's pass, or the language model's pass with the image embeddings still held, whichever is larger."""
     tokens = cfg.max_num_batched_tokens
     if profile.is_moe:
         inter = profile.moe_intermediate_size * profile.experts_per_token * 2
@@ -105,7 +153,11 @@ def activation_gib(profile: ModelProfile, cfg: EngineConfig) -> float:
         inter = profile.intermediate_size / cfg.tp
     per_token = profile.hidden_size * 8 + inter * 4
     logits = min(cfg.max_num_seqs, tokens) * profile.vocab_size / cfg.tp * 4
-    return (tokens * per_token + logits) / GiB
+    lm = tokens * per_token + logits
+    enc = encoder_profile(profile, cfg)
+    if enc is not None:
+        lm = max(lm + enc.outputs_bytes, enc.peak_bytes)
+    return lm / GiB
 
 
 def graphs_gib(profile: ModelProfile, cfg: EngineConfig) -> float:
@@ -148,6 +200,10 @@ def validate(profile: ModelProfile, cfg: EngineConfig, num_gpus: int) -> str | N
     if cfg.max_num_batched_tokens < cfg.max_num_seqs:
         return _pydantic("SchedulerConfig", f"max_num_batched_tokens ({cfg.max_num_batched_tokens}) must be "
                          f"greater than or equal to max_num_seqs ({cfg.max_num_seqs}).")
+    per_image = max_tokens_per_image(profile, cfg)
+    if cfg.disable_chunked_mm_input and per_image > cfg.max_num_batched_tokens:
+        return (f"ValueError: Chunked MM input disabled but max_tokens_per_mm_item ({per_image}) is larger than "
+                f"max_num_batched_tokens ({cfg.max_num_batched_tokens}). Please increase max_num_batched_tokens.")
     if not cfg.chunked_prefill and cfg.max_num_batched_tokens < cfg.max_model_len:
         return _pydantic("SchedulerConfig", f"max_num_batched_tokens ({cfg.max_num_batched_tokens}) is smaller "
                          f"than max_model_len ({cfg.max_model_len}). This effectively limits the maximum sequence "

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import UserError
+from autotune.perfmodel.vision import VisionProfile, processor_settings, vision_from_config
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,7 @@ class ModelProfile:
     calibrated: tuple[str, ...] = ()
     notes: str = ""
     source: str = "builtin"
+    vision: VisionProfile | None = None    # a vision-language model's encoder and image tokens
 
     # ---- parameter counts -------------------------------------------------------------------
     @property
@@ -139,7 +141,8 @@ class ModelProfile:
     def describe(self) -> str:
         kind = (f"MoE {self.total_params / 1e9:.0f}B total / {self.active_params / 1e9:.1f}B active"
                 if self.is_moe else f"dense {self.total_params / 1e9:.1f}B")
-        return f"{self.name}: {kind}, {self.num_layers} layers, {self.attention.upper()}, native {self.native_dtype}"
+        out = f"{self.name}: {kind}, {self.num_layers} layers, {self.attention.upper()}, native {self.native_dtype}"
+        return out + (f"; {self.vision.describe()}" if self.vision else "")
 
 
 _BUILTINS: dict[str, ModelProfile] = {}
@@ -200,6 +203,17 @@ _add(ModelProfile(
            "kernel_efficiency 0.35 on Ampere: FP8 runs as Triton/Marlin fallback kernels on sm_80.")))
 
 
+_add(ModelProfile(
+    name="qwen2.5-vl-7b", num_layers=28, hidden_size=3584, num_heads=28, num_kv_heads=4, head_dim=128,
+    intermediate_size=18944, vocab_size=152064, max_position=128000,
+    vision=VisionProfile(family="qwen2_vl", patch_size=14, merge_size=2, depth=32, hidden_size=1280,
+                         intermediate_size=3420, num_heads=16, out_hidden_size=3584, temporal_patch_size=2,
+                         min_pixels=3136, max_pixels=12845056, window_size=112, full_attention_layers=4),
+    notes=("Public architecture (Qwen2.5-VL-7B-Instruct config.json and preprocessor_config.json): the "
+           "language model (7.6B) and the 0.68B vision encoder, whose images become one token per 28x28 "
+           "pixels after smart_resize (at most 16,384 at the default max_pixels 12,845,056).")))
+
+
 def builtin_names() -> list[str]:
     return sorted(_BUILTINS)
 
@@ -251,7 +265,9 @@ def load_profile(name_or_path: str) -> ModelProfile:
             raise UserError(f"cannot read model config {path}: {e}") from None
         if not isinstance(cfg, dict):
             raise UserError(f"{path}: not a JSON object")
-        return _from_config(cfg, path.parent.name or str(path), str(path))
+        profile = _from_config(cfg, path.parent.name or str(path), str(path))
+        vision = vision_from_config(cfg, processor_settings(path.parent), str(path))
+        return replace(profile, vision=vision) if vision else profile
     raise UserError(f"unknown model profile {name_or_path!r}: not a built-in ({', '.join(builtin_names())}) "
                     "nor a config.json path")
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from autotune.perfmodel.config import EngineConfig
 from autotune.perfmodel.gpus import GPU
-from autotune.perfmodel.memory import dense_weight_bytes, expert_weight_bytes, graph_capture_max
+from autotune.perfmodel.memory import dense_weight_bytes, expert_weight_bytes, graph_capture_max, vision_weight_bytes
 from autotune.perfmodel.profiles import ModelProfile
 
 BW_EFFICIENCY = 0.80       # achieved HBM fraction streaming weights and KV (real H200 run: TPOT 4.73 ms at batch 1)
@@ -38,6 +38,10 @@ PP_BUBBLE = 0.30           # extra time per extra pipeline stage
 FP8_GEMMS_PER_LAYER = 4    # qkv, o, gate_up, down
 FP8_GEMM_S = 3.2e-6        # per FP8 GEMM per step (fit: mean batch-1 TPOT of 5 real FP8 trials, 3.35 ms)
 FP8_MFU = 0.49             # achieved fraction of peak FP8 FLOPs (fit: FP8/BF16 prefill speed 1.3x)
+# A vision encoder is a small transformer (hidden 1280 in Qwen2.5-VL) over a few thousand patches per image,
+# with windowed attention and per-image kernels: its GEMMs are far thinner than the language model's
+# prefill. An assumption, not a fit: the H200 study's per-class TTFT is what checks it.
+ENCODER_MFU = 0.35
 
 
 @dataclass
@@ -62,6 +66,7 @@ class StepModel:
         self.bandwidth = gpu.hbm_tbps * 1e12 * BW_EFFICIENCY * eff
         self.fp8 = cfg.compute_dtype == "fp8" and gpu.fp8_tflops is not None
         self.flops = gpu.peak_flops(cfg.compute_dtype) * (FP8_MFU if self.fp8 else MFU) * eff
+        self.encoder_flops_rate = gpu.peak_flops("bf16") * ENCODER_MFU * eff
         tp, pp = cfg.tp, cfg.pp
         self.dense_bytes = dense_weight_bytes(profile, cfg)
         self.ep = cfg.ep and profile.is_moe
@@ -75,6 +80,8 @@ class StepModel:
         self.attn_flops_per_ctx = 4 * profile.num_layers / pp * attn_width / tp
         self.layers = profile.num_layers / pp
         self.fp8_gemm_s = FP8_GEMM_S * FP8_GEMMS_PER_LAYER * self.layers if self.fp8 else 0.0
+        self.vision_bytes = vision_weight_bytes(profile, cfg)
+        self.encoder_split = tp if cfg.mm_encoder_tp_mode == "weights" else 1
         self.max_graph = graph_capture_max(cfg)
         # -O1 captures piecewise graphs only: attention runs outside them in every step, not only in
         # mixed prefill steps (-O2, the default, and -O3 add full graphs for pure decode steps)
@@ -107,10 +114,11 @@ class StepModel:
         return 2 * moe_layers * (msg / link + 2 * self.gpu.link_latency_us * 1e-6)
 
     def step(self, num_seqs: int, new_tokens: int, ctx_tokens: float, attn_ctx: float,
-             prefill: bool) -> StepCost:
+             prefill: bool, encoder_flops: float = 0.0) -> StepCost:
         """One step for the whole engine: `num_seqs` scheduled sequences with `new_tokens` tokens in
-        all, `ctx_tokens` KV tokens read, `attn_ctx` = sum over new tokens of their context length.
-        Divided evenly over DP replicas."""
+        all, `ctx_tokens` KV tokens read, `attn_ctx` = sum over new tokens of their context length,
+        `encoder_flops` the vision encoder's work on the images whose tokens start in this step (it runs
+        before the language model's forward, on the same GPUs). Divided evenly over DP replicas."""
         if num_seqs <= 0 or new_tokens <= 0:
             return StepCost(0.0, 0.0, 0.0, 0.0, 0.0)
         dp = self.cfg.dp
@@ -119,6 +127,9 @@ class StepModel:
         bytes_read = self.dense_bytes + self.expert_bytes * self._touched(routed) + ctx_tokens / dp * self.kv_bpt
         memory_s = bytes_read / self.bandwidth
         compute_s = (tokens * self.active_flops_per_token + attn_ctx / dp * self.attn_flops_per_ctx) / self.flops
+        if encoder_flops > 0:   # the encoder streams its own weights once and runs its matmuls in 16-bit
+            memory_s += self.vision_bytes / self.bandwidth
+            compute_s += encoder_flops / dp / self.encoder_split / self.encoder_flops_rate
         comm_s = self._allreduce(tokens) + self._alltoall(tokens)
         overhead = (STEP_OVERHEAD_S * (0.6 if self.cfg.async_scheduling else 1.0) + PER_SEQ_OVERHEAD_S * num_seqs / dp
                     + self.fp8_gemm_s)

@@ -9,6 +9,7 @@ import json
 from typing import Any, Sequence
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from autotune.errors import UserError
@@ -88,7 +89,7 @@ def diff_command(args: argparse.Namespace) -> int:
         return 0
     console = Console(width=140)
     sim = " (SIMULATED)" if a.simulated or b.simulated else ""
-    console.print(f"study [bold]{study.name}[/]{sim}, SLO {study.slo}: trial {a.number} ({a.role}, {a.state}) "
+    console.print(f"study [bold]{study.name}[/]{sim}, SLO {escape(study.slo)}: trial {a.number} ({a.role}, {a.state}) "
                   f"against trial {b.number} ({b.role}, {b.state})")
     flags = Table(title="flags (* differs)")
     for col in ("flag", f"#{a.number}", f"#{b.number}"):

@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from autotune import causes
@@ -185,7 +186,7 @@ def show_command(args: argparse.Namespace) -> int:
     console = Console(width=160)
     names = [o for o, _ in study.objectives]
     sim = " (SIMULATED engine)" if any(t.simulated for t in trials) else ""
-    console.print(f"study [bold]{study.name}[/]{sim}: model {study.model}, SLO {study.slo}, "
+    console.print(f"study [bold]{study.name}[/]{sim}: model {escape(study.model)}, SLO {escape(study.slo)}, "
                   f"{len(trials)} trial(s), storage {mask_url(args.storage)}")
     if profile:
         from autotune.bench.profile import format_profile

@@ -7,30 +7,31 @@ from __future__ import annotations
 from typing import Any
 
 from autotune.perfmodel.predict import Plan
-from autotune.sim.inprocess import run as sim_run
+from autotune.sim.inprocess import ImageMix, run as sim_run
 from autotune.slo import SLO
 
 MAX_CONCURRENCY = 1024
 PROBE_REQUESTS = 20
 
 
-def step(plan: Plan, c: int, input_len: int, output_len: int, requests: int, seed: int = 0) -> dict[str, Any]:
+def step(plan: Plan, c: int, input_len: int, output_len: int, requests: int, seed: int = 0,
+         images: ImageMix | None = None) -> dict[str, Any]:
     """One closed-loop step at concurrency c (first wave measured, as the real capacity search)."""
     r = sim_run(plan, num_requests=PROBE_REQUESTS if c == 1 else requests, input_len=input_len,
-                output_len=output_len, concurrency=c, seed=seed)
+                output_len=output_len, concurrency=c, seed=seed, images=images)
     m = r.metrics
     return {"c": c, "tps": round(m["output_throughput"], 2), "ttft99": round(m["p99_ttft_ms"], 2),
             "tpot50": round(m["median_tpot_ms"], 4), "metrics": m, "oom": r.oom is not None}
 
 
 def capacity_curve(plan: Plan, slo: SLO, input_len: int, output_len: int, requests: int = 160,
-                   seed: int = 0) -> list[dict[str, Any]]:
+                   seed: int = 0, images: ImageMix | None = None) -> list[dict[str, Any]]:
     """Every step taken, sorted by concurrency; `meets` on each says whether the SLO held there."""
     pts: dict[int, dict[str, Any]] = {}
 
     def ok(c: int) -> bool:
         if c not in pts:
-            s = step(plan, c, input_len, output_len, requests, seed)
+            s = step(plan, c, input_len, output_len, requests, seed, images)
             s["meets"] = not s["oom"] and slo.met(s.pop("metrics"))
             pts[c] = s
         return bool(pts[c]["meets"])

@@ -9,7 +9,7 @@ import json
 import signal
 import sys
 import time
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from autotune.errors import UserError
 from autotune.perfmodel.config import add_vllm_arguments, expand_config_file, resolve
@@ -17,6 +17,9 @@ from autotune.perfmodel.gpus import get_gpu, gpu_names
 from autotune.perfmodel.memory import memory_budget
 from autotune.perfmodel.predict import Plan
 from autotune.perfmodel.profiles import builtin_names, load_profile
+
+if TYPE_CHECKING:
+    from autotune.sim.inprocess import ImageMix
 
 
 class _Parser(argparse.ArgumentParser):
@@ -46,6 +49,10 @@ def _own_options(p: argparse.ArgumentParser, serve: bool) -> None:
         g.add_argument("--input-len", type=int, default=1024)
         g.add_argument("--output-len", type=int, default=256)
         g.add_argument("--no-curve", action="store_true", help="skip the simulated throughput-latency curve")
+        g.add_argument("--image-size", help="a VLM: requests carry images of WIDTHxHEIGHT (e.g. 1024x768)")
+        g.add_argument("--images", type=int, default=1, help="images per image request (with --image-size)")
+        g.add_argument("--image-share", type=float, default=1.0,
+                       help="share of requests that carry images (with --image-size)")
 
 
 def build_parser(serve: bool) -> argparse.ArgumentParser:
@@ -144,6 +151,21 @@ async def _serve(ns: argparse.Namespace, plan: Plan, name: str, log: object) -> 
 
 
 # ---- estimate -------------------------------------------------------------------------------------
+def _image_mix(ns: argparse.Namespace, plan: Plan) -> "ImageMix | None":
+    from autotune.bench.images import parse_size
+    from autotune.sim.inprocess import ImageMix
+
+    if ns.image_size is None:
+        return None
+    if plan.profile.vision is None:
+        raise UserError(f"--image-size: {plan.profile.name} has no vision encoder modelled (a text model, or a "
+                        "VLM family not modelled: qwen2_vl, idefics3 are)")
+    if ns.images < 1 or not 0 < ns.image_share <= 1:
+        raise UserError("--images must be >= 1 and --image-share in (0, 1]")
+    return ImageMix(ns.image_share, (ns.images, ns.images), (parse_size(ns.image_size, "--image-size"),))
+
+
+
 def estimate_main(argv: list[str]) -> int:
     from autotune.sim.estimate import estimate_report, render_text
 
@@ -152,7 +174,12 @@ def estimate_main(argv: list[str]) -> int:
     except UserError as e:
         sys.stderr.write(f"autotune estimate: error: {e}\n")
         return 2
-    report = estimate_report(plan, ns.input_len, ns.output_len, curve=not ns.no_curve)
+    try:
+        images = _image_mix(ns, plan)
+    except UserError as e:
+        sys.stderr.write(f"autotune estimate: error: {e}\n")
+        return 2
+    report = estimate_report(plan, ns.input_len, ns.output_len, curve=not ns.no_curve, images=images)
     if ns.json:
         sys.stdout.write(json.dumps(report, indent=None) + "\n")
     else:

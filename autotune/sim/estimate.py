@@ -6,12 +6,40 @@ from __future__ import annotations
 
 from typing import Any
 
+from autotune.perfmodel.memory import GiB, encoder_profile, max_tokens_per_image, vision_weight_bytes
 from autotune.perfmodel.predict import Plan
 from autotune.perfmodel.roofline import StepModel
-from autotune.sim.inprocess import run
+from autotune.sim.inprocess import ImageMix, run
 
 
-def estimate_report(plan: Plan, input_len: int, output_len: int, curve: bool = True) -> dict[str, Any]:
+def vision_report(plan: Plan, images: ImageMix | None) -> dict[str, Any] | None:
+    """A VLM's side of the budget: the encoder's weights, vLLM's encoder profiling, and what the workload's
+    images cost (tokens each, encoder time, the KV a request with them takes)."""
+    v, cfg = plan.profile.vision, plan.config
+    if v is None:
+        return None
+    enc = encoder_profile(plan.profile, cfg)
+    out: dict[str, Any] = {
+        "family": v.family, "params": round(v.params), "images_enabled": cfg.images_enabled,
+        "weights_gib_per_gpu": round(vision_weight_bytes(plan.profile, cfg) / GiB, 3),
+        "max_tokens_per_image": max_tokens_per_image(plan.profile, cfg),
+        "profiled_images": enc.items if enc else 0,
+        "profile_peak_gib": round(enc.peak_bytes / GiB, 3) if enc else 0.0,
+    }
+    if images is not None and cfg.images_enabled:
+        m = StepModel(plan.profile, cfg, plan.gpu)
+        w, h = images.sizes[0]
+        kw = cfg.mm_processor_kwargs
+        per_image = v.tokens(w, h, kw)
+        flops = v.flops(v.patches(w, h, kw))
+        out["image"] = {"width": w, "height": h, "tokens": per_image, "encoder_patches": v.patches(w, h, kw),
+                        "encoder_ms": round(flops / m.encoder_flops_rate / m.encoder_split * 1e3, 3),
+                        "images_per_request": images.count[1], "share": images.share}
+    return out
+
+
+def estimate_report(plan: Plan, input_len: int, output_len: int, curve: bool = True,
+                    images: ImageMix | None = None) -> dict[str, Any]:
     b, cfg = plan.budget, plan.config
     out: dict[str, Any] = {
         "simulated": True, "gpu": plan.gpu.name, "num_gpus": plan.num_gpus, "model_profile": plan.profile.name,
@@ -28,6 +56,9 @@ def estimate_report(plan: Plan, input_len: int, output_len: int, curve: bool = T
         "kv_dtype_bytes": cfg.kv_dtype_bytes, "calibrated_fields": list(plan.profile.calibrated),
         "profile_notes": plan.profile.notes,
     }
+    vision = vision_report(plan, images)
+    if vision is not None:
+        out["vision"] = vision
     if not b.fits:
         return out
     m = StepModel(plan.profile, cfg, plan.gpu)
@@ -49,12 +80,14 @@ def estimate_report(plan: Plan, input_len: int, output_len: int, curve: bool = T
             if c > max(limit, 1):
                 break
             r = run(plan, num_requests=max(3 * c, 48), warmup=min(c, 32), input_len=input_len,
-                    output_len=output_len, concurrency=c, range_ratio=0.5)
+                    output_len=output_len, concurrency=c, range_ratio=0.5, images=images)
             mt = r.metrics
             points.append({"concurrency": c, "output_tps": round(mt["output_throughput"], 1),
                            "p50_ttft_ms": round(mt["median_ttft_ms"], 1), "p99_ttft_ms": round(mt["p99_ttft_ms"], 1),
                            "p50_tpot_ms": round(mt["median_tpot_ms"], 2), "preemptions": r.preemptions,
-                           "runtime_oom": r.oom is not None})
+                           "runtime_oom": r.oom is not None,
+                           **{f"p99_ttft_ms_{c}": round(mt[f"{c}_p99_ttft_ms"], 1) for c in ("image", "text")
+                              if f"{c}_p99_ttft_ms" in mt}})
             if r.oom:
                 break
         out["curve"] = points
@@ -72,6 +105,17 @@ def render_text(r: dict[str, Any]) -> str:
              f"KV {r['kv_gib_per_gpu']:.2f}",
              f"KV cache: {r['kv_cache_tokens']:,} tokens ({r['kv_bytes_per_token_per_gpu']:.0f} B/token/GPU); "
              f"maximum concurrency for {r['max_model_len']:,} tokens per request: {r['max_concurrency']:.2f}x"]
+    vis = r.get("vision")
+    if vis:
+        lines.append(f"vision encoder ({vis['family']}): {vis['params'] / 1e9:.2f}B params, {vis['weights_gib_per_gpu']:.2f} "
+                     f"GiB per GPU; at most {vis['max_tokens_per_image']:,} tokens per image; profiled with "
+                     f"{vis['profiled_images']} image(s) of that size (peak {vis['profile_peak_gib']:.2f} GiB)"
+                     if vis["images_enabled"] else "vision encoder: not loaded (--limit-mm-per-prompt allows no image)")
+        im = vis.get("image")
+        if im:
+            lines.append(f"an image of {im['width']}x{im['height']}: {im['tokens']:,} tokens of context "
+                         f"({im['encoder_patches']:,} encoder patches, ~{im['encoder_ms']} ms of encoder); "
+                         f"{im['images_per_request']} per request on {im['share'] * 100:.0f} % of requests")
     if not r["fits"]:
         lines.append(f"DOES NOT START ({r['cause']}): {r['reason'].splitlines()[-1]}")
     if "roofline" in r:
@@ -82,10 +126,14 @@ def render_text(r: dict[str, Any]) -> str:
     if r.get("curve"):
         lines.append(f"throughput-latency curve (closed loop, {r['roofline']['input_len']} in / "
                      f"{r['roofline']['output_len']} out):")
-        lines.append("  concurrency  output tok/s  TTFT p50 ms  TTFT p99 ms  TPOT p50 ms")
+        split = any("p99_ttft_ms_image" in p for p in r["curve"])
+        lines.append("  concurrency  output tok/s  TTFT p50 ms  TTFT p99 ms  TPOT p50 ms"
+                     + ("  TTFT p99 image / text ms" if split else ""))
         for p in r["curve"]:
             lines.append(f"  {p['concurrency']:>11}  {p['output_tps']:>12.0f}  {p['p50_ttft_ms']:>11.0f}  "
                          f"{p['p99_ttft_ms']:>11.0f}  {p['p50_tpot_ms']:>11.2f}"
+                         + (f"  {p.get('p99_ttft_ms_image', float('nan')):>10.0f} / {p.get('p99_ttft_ms_text', float('nan')):.0f}"
+                            if split else "")
                          + ("  runtime OOM" if p["runtime_oom"] else ""))
     if r["calibrated_fields"]:
         lines.append(f"note: profile fields calibrated to article figures: {', '.join(r['calibrated_fields'])}")

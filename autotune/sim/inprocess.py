@@ -30,7 +30,35 @@ def _pct(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) if values else float("nan")
 
 
+@dataclass(frozen=True)
+class ImageMix:
+    """The image workload's traffic for the in-process twin: a `share` of requests carry `count`
+    (low, high) images, each of one of `sizes`."""
+
+    share: float
+    count: tuple[int, int]
+    sizes: tuple[tuple[int, int], ...]
+
+    @classmethod
+    def from_workload(cls, workload: Any) -> "ImageMix | None":
+        """The mix of an image workload (bench/workloads/_image.py), None for any other."""
+        if getattr(workload, "kind", None) != "image" or not workload.max_images:
+            return None
+        return cls(workload.share, workload.count, tuple(workload.sizes))
+
+
 def summarize(done: list[SimRequest], duration: float) -> dict[str, float]:
+    """vllm bench serve's keys; with images, each class's own under `image_` / `text_` as bench reports them."""
+    m = _figures(done, duration)
+    if any(r.encoder_tokens for r in done):
+        for cls, mine in (("image", [r for r in done if r.encoder_tokens]),
+                          ("text", [r for r in done if not r.encoder_tokens])):
+            if mine:
+                m.update({f"{cls}_{k}": v for k, v in _figures(mine, duration).items()})
+    return m
+
+
+def _figures(done: list[SimRequest], duration: float) -> dict[str, float]:
     ttft = [(r.token_times[0] - r.arrival) * 1e3 for r in done if r.token_times]
     tpot = [(r.token_times[-1] - r.token_times[0]) / (len(r.token_times) - 1) * 1e3
             for r in done if len(r.token_times) > 1]
@@ -55,14 +83,17 @@ def summarize(done: list[SimRequest], duration: float) -> dict[str, float]:
 
 def run(plan: Plan, *, num_requests: int, input_len: int, output_len: int, concurrency: int | None = None,
         request_rate: float | None = None, seed: int = 0, noise: float = 0.0, warmup: int = 0,
-        shared_prefix: int = 0, range_ratio: float = 0.0) -> SimResult:
+        shared_prefix: int = 0, range_ratio: float = 0.0, images: ImageMix | None = None) -> SimResult:
     """Closed loop at `concurrency` (a new request as soon as one finishes), or Poisson arrivals at
     `request_rate` req/s. The first `warmup` completions are left out of the metrics. Lengths are
-    drawn uniformly within +-range_ratio of input_len/output_len (vllm bench's --random-range-ratio)."""
+    drawn uniformly within +-range_ratio of input_len/output_len (vllm bench's --random-range-ratio);
+    `images` adds image tokens and encoder work to a share of the requests (on a VLM profile)."""
     if concurrency is None and request_rate is None:
         raise ValueError("give concurrency or request_rate")
     sched = Scheduler(plan, seed=seed, noise=noise)
     rng = random.Random(seed)
+    vision = plan.profile.vision if plan.config.images_enabled else None
+    kwargs = plan.config.mm_processor_kwargs
     total = num_requests + warmup
     made = 0
 
@@ -73,7 +104,16 @@ def run(plan: Plan, *, num_requests: int, input_len: int, output_len: int, concu
         n_out = max(1, round(output_len * rng.uniform(1 - range_ratio, 1 + range_ratio)))
         tokens: list[object] = [("p", i) for i in range(min(shared_prefix, n_in))]
         tokens += [(made, i) for i in range(n_in - len(tokens))]
-        return SimRequest(f"r{made}", n_in, n_out, t, prompt_block_hashes(tokens, plan.config.block_size))
+        work: dict[str, Any] = {}
+        if vision is not None and images is not None and rng.random() < images.share:
+            sizes = [images.sizes[rng.randrange(len(images.sizes))]
+                     for _ in range(rng.randint(images.count[0], images.count[1]))]
+            image_tokens = sum(vision.tokens(w, h, kwargs) for w, h in sizes)
+            tokens += [(made, "img", i) for i in range(image_tokens)]
+            n_in += image_tokens
+            work = {"encoder_tokens": sum(vision.placeholders(w, h, kwargs) for w, h in sizes),
+                    "encoder_flops": sum(vision.flops(vision.patches(w, h, kwargs)) for w, h in sizes)}
+        return SimRequest(f"r{made}", n_in, n_out, t, prompt_block_hashes(tokens, plan.config.block_size), **work)
 
     arrivals: list[tuple[float, int]] = []
     now = 0.0

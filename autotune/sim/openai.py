@@ -3,7 +3,9 @@ SSE chunks of /v1/completions and /v1/chat/completions (one `data:` event per ch
 last, `data: [DONE]`), shaped as vLLM sends them.
 
 The simulator has no tokenizer: a prompt given as token ids counts exactly; text counts one token per
-word or punctuation mark, which is close to a BPE count for English-like text.
+word or punctuation mark, which is close to a BPE count for English-like text. An image (an `image_url`
+part holding a data URI) counts what the model's processor makes of its size (perfmodel/vision.py),
+as tokens unique to the image's bytes, so a repeated image hits the prefix cache and a new one does not.
 """
 
 from __future__ import annotations
@@ -11,8 +13,11 @@ from __future__ import annotations
 import json
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+from autotune.bench.images import uri_size
+from autotune.perfmodel.vision import VisionProfile
 
 _WORD = re.compile(r"\w+|[^\w\s]")
 _VOCAB = ("the", "model", "token", "serve", "batch", "cache", "layer", "expert", "tensor", "stream",
@@ -32,6 +37,8 @@ class ParsedRequest:
     include_usage: bool
     continuous_usage: bool
     model: str
+    images: list[tuple[int, int]] = field(default_factory=list)   # (width, height) of each image, in order
+    image_tokens: int = 0
 
 
 def _tokens_of(prompt: Any) -> list[object]:
@@ -44,9 +51,34 @@ def _tokens_of(prompt: Any) -> list[object]:
     raise BadRequest("prompt must be a string, a list of token ids, or a list with one of those")
 
 
-def parse_request(body: Any, chat: bool, max_model_len: int) -> ParsedRequest:
+@dataclass(frozen=True)
+class ImageRules:
+    """What the served model does with images: its vision profile, --mm-processor-kwargs, and how many
+    images a prompt may carry (None: vLLM's default, 999)."""
+
+    vision: VisionProfile | None
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    limit: int | None = None
+
+
+def _image_tokens(part: dict[str, Any], rules: ImageRules | None) -> tuple[list[object], tuple[int, int]]:
+    if rules is None or rules.vision is None:
+        raise BadRequest("this model does not support image input (it is not a multimodal model)")
+    url = part.get("image_url")
+    url = url.get("url") if isinstance(url, dict) else url
+    size = uri_size(url) if isinstance(url, str) else None
+    if size is None:
+        raise BadRequest("image_url must be a base64 data URI of a PNG, JPEG, GIF or WebP image "
+                         "(the simulator fetches no URL)")
+    w, h = size[0], size[1]
+    return [("<image>", hash(url))] * rules.vision.tokens(w, h, rules.kwargs), (w, h)
+
+
+def parse_request(body: Any, chat: bool, max_model_len: int, rules: ImageRules | None = None) -> ParsedRequest:
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
+    sizes: list[tuple[int, int]] = []
+    image_tokens = 0
     if chat:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
@@ -54,11 +86,20 @@ def parse_request(body: Any, chat: bool, max_model_len: int) -> ParsedRequest:
         tokens: list[object] = []
         for m in messages:
             content = m.get("content") if isinstance(m, dict) else None
-            if isinstance(content, list):  # content parts
-                content = " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
             tokens += ["<|role|>", str(m.get("role", "user")) if isinstance(m, dict) else "user"]
+            if isinstance(content, list):  # content parts: images first, then the text, as vLLM places them
+                for p in content:
+                    if isinstance(p, dict) and p.get("type") == "image_url":
+                        ids, size = _image_tokens(p, rules)
+                        tokens += ids
+                        sizes.append(size)
+                        image_tokens += len(ids)
+                content = " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
             tokens += _tokens_of(content or "")
         tokens.append("<|assistant|>")
+        limit = rules.limit if rules is not None and rules.limit is not None else 999
+        if len(sizes) > limit:
+            raise BadRequest(f"At most {limit} image(s) may be provided in one prompt.")
     else:
         if "prompt" not in body:
             raise BadRequest("prompt is required")
@@ -77,7 +118,7 @@ def parse_request(body: Any, chat: bool, max_model_len: int) -> ParsedRequest:
     opts = body.get("stream_options") or {}
     return ParsedRequest(chat, bool(body.get("stream", False)), tokens, limit,
                          bool(opts.get("include_usage", False)), bool(opts.get("continuous_usage_stats", False)),
-                         str(body.get("model") or ""))
+                         str(body.get("model") or ""), sizes, image_tokens)
 
 
 def token_text(index: int, seed: int) -> str:

@@ -5,7 +5,9 @@ token budget (max-num-batched-tokens), preempting the newest running sequence wh
 no free block (recompute preemption), then admits waiting requests up to max-num-seqs, reusing
 prefix-cache hits and chunking prompts when chunked prefill is on. The step's duration comes from
 the roofline model; `advance` applies it and samples one token for every sequence whose context is
-complete.
+complete. A request with images runs the vision encoder in the step that first schedules it (its image
+tokens are part of its prompt); the images encoded in one step are capped by the encoder budget,
+max(max-num-batched-tokens, one image's tokens), as vLLM's encoder compute budget caps them.
 
 Data-parallel replicas are modelled as one scheduler with DP x the seats, budget and KV blocks:
 vLLM runs MoE replicas in lockstep, and the step model divides the work evenly.
@@ -19,7 +21,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from autotune.perfmodel.memory import headroom_gib, runtime_transient_gib
+from autotune.perfmodel.memory import headroom_gib, max_tokens_per_image, runtime_transient_gib
 from autotune.perfmodel.predict import Plan
 from autotune.perfmodel.roofline import StepCost, StepModel
 
@@ -44,6 +46,9 @@ class SimRequest:
     running: bool = False
     preemptions: int = 0
     on_token: Callable[["SimRequest", float], None] | None = None
+    encoder_tokens: int = 0        # image tokens of the prompt (the encoder budget counts these)
+    encoder_flops: float = 0.0     # the vision encoder's work for the request's images
+    encoded: bool = False
 
     @property
     def total_len(self) -> int:
@@ -80,6 +85,7 @@ class Scheduler:
         self.free_blocks = self.total_blocks
         self.max_seqs = cfg.max_num_seqs * cfg.dp
         self.budget = cfg.max_num_batched_tokens * cfg.dp
+        self.encoder_budget = max(cfg.max_num_batched_tokens, max_tokens_per_image(plan.profile, cfg)) * cfg.dp
         self.waiting: deque[SimRequest] = deque()
         self.running: list[SimRequest] = []
         self.cache: OrderedDict[int, None] = OrderedDict()   # evictable prefix-cache blocks (LRU)
@@ -167,6 +173,7 @@ class Scheduler:
         victim.running = False
         self._free(victim)
         victim.num_computed = 0
+        victim.encoded = False          # recomputed from scratch: its images are encoded again
         victim.preemptions += 1
         self.preemptions += 1
         self.waiting.appendleft(victim)
@@ -200,8 +207,14 @@ class Scheduler:
             budget -= n
             i += 1
         preempted_now = self.preemptions > preempted_before   # vLLM admits nobody in such a step
+        encoder_left = self.encoder_budget
+        encoder_flops = 0.0
         while self.waiting and budget > 0 and len(self.running) < self.max_seqs and not preempted_now:
             req = self.waiting[0]
+            if not req.encoded and req.encoder_tokens:
+                if req.encoder_tokens > encoder_left and encoder_left < self.encoder_budget:
+                    break               # this step's encoder budget is spent: the images wait for the next
+                encoder_left -= req.encoder_tokens
             if req.num_computed == 0:
                 cached = self._lookup(req)
             else:
@@ -215,6 +228,9 @@ class Scheduler:
             if not self._grow(req, cached + n):
                 break
             self.waiting.popleft()
+            if not req.encoded and req.encoder_tokens:
+                encoder_flops += req.encoder_flops
+                req.encoded = True
             req.num_computed = cached
             req.cached_tokens = cached
             req.running = True
@@ -235,7 +251,7 @@ class Scheduler:
             else:
                 attn += n * (c + n / 2)
         prefill_tokens = new_tokens - num_decode
-        cost = self.model.step(len(items), new_tokens, ctx, attn, prefill_tokens > 0)
+        cost = self.model.step(len(items), new_tokens, ctx, attn, prefill_tokens > 0, encoder_flops)
         transient = runtime_transient_gib(self.plan.profile, self.cfg, len(self.running) // self.cfg.dp,
                                           prefill_tokens // self.cfg.dp)
         if transient > self.headroom:

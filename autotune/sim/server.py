@@ -20,7 +20,8 @@ from typing import Any
 from aiohttp import web
 
 from autotune.perfmodel.predict import Plan
-from autotune.sim.openai import BadRequest, ChunkWriter, ParsedRequest, error_body, parse_request, token_text
+from autotune.sim.openai import (BadRequest, ChunkWriter, ImageRules, ParsedRequest, error_body, parse_request,
+                                 token_text)
 from autotune.sim.scheduler import Scheduler, SimRequest, SimulatedOOM, prompt_block_hashes
 from autotune.sim.telemetry import GpuMeter, prometheus
 
@@ -41,6 +42,15 @@ class _Live:
     last_flush: float = 0.0
 
 
+def encoder_work(rules: ImageRules, sizes: list[tuple[int, int]]) -> dict[str, Any]:
+    """A request's images as the scheduler's encoder fields (tokens for its budget, FLOPs for its steps)."""
+    v = rules.vision
+    if v is None or not sizes:
+        return {}
+    return {"encoder_tokens": sum(v.placeholders(w, h, rules.kwargs) for w, h in sizes),
+            "encoder_flops": sum(v.flops(v.patches(w, h, rules.kwargs)) for w, h in sizes)}
+
+
 class SimServer:
     def __init__(self, plan: Plan, served_name: str, time_scale: float = 1.0, seed: int = 0,
                  noise: float = 0.0, max_events_per_s: float = 3000.0):
@@ -49,6 +59,9 @@ class SimServer:
         self.scale = time_scale
         self.seed = seed
         self.sched = Scheduler(plan, seed=seed, noise=noise)
+        cfg = plan.config
+        self.image_rules = ImageRules(plan.profile.vision if cfg.images_enabled else None, cfg.mm_processor_kwargs,
+                                      cfg.mm_image_limit)
         self.meter = GpuMeter(plan)
         self.max_events = max_events_per_s
         self.t0 = time.monotonic()
@@ -227,14 +240,15 @@ class SimServer:
     async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
         arrival = self._arrival()
         try:
-            parsed = parse_request(await request.json(), chat, self.plan.config.max_model_len)
+            parsed = parse_request(await request.json(), chat, self.plan.config.max_model_len, self.image_rules)
         except (BadRequest, json.JSONDecodeError, UnicodeDecodeError) as e:
             return web.json_response(error_body(str(e)), status=400)
         if parsed.model and parsed.model != self.name:
             return web.json_response(error_body(f"The model `{parsed.model}` does not exist.", 404), status=404)
         rid = f"{'chatcmpl' if chat else 'cmpl'}-sim{next(self.ids)}"
         sim = SimRequest(rid, len(parsed.prompt_tokens), parsed.max_tokens, arrival,
-                         prompt_block_hashes(parsed.prompt_tokens, self.plan.config.block_size))
+                         prompt_block_hashes(parsed.prompt_tokens, self.plan.config.block_size),
+                         **encoder_work(self.image_rules, parsed.images))
         lv = _Live(sim, parsed)
         sim.on_token = lambda r, t, lv=lv: lv.pending.append(t)
         self.live[rid] = lv

@@ -20,11 +20,14 @@ def _int(value: Any) -> int | None:
         return None
 
 
-def violations(effective: Mapping[str, Any], num_gpus: int, model_max_len: int | None = None) -> list[str]:
+def violations(effective: Mapping[str, Any], num_gpus: int, model_max_len: int | None = None,
+               multimodal: Any = None) -> list[str]:
     """`effective` holds fixed flags and the candidate's params merged (params win), flag names with
     underscores. Values the candidate leaves to vLLM are absent and never judged, except the maximum
     length: with no `--max-model-len`, vLLM takes the model's own (`model_max_len`, from its
-    config.json), and a token budget below it with chunked prefill off is refused just the same."""
+    config.json), and a token budget below it with chunked prefill off is refused just the same.
+    `multimodal` (space/multimodal.MultimodalContext) adds a VLM's: images per prompt at least the
+    workload's, and, with chunked MM input off, a token budget that holds the largest image."""
     out: list[str] = []
     seqs = _int(effective.get("max_num_seqs"))
     batched = _int(effective.get("max_num_batched_tokens"))
@@ -56,6 +59,8 @@ def violations(effective: Mapping[str, Any], num_gpus: int, model_max_len: int |
     if sizes and cap is not None and cap != max(sizes):
         out.append(f"max_cudagraph_capture_size ({cap}) differs from the largest of cudagraph_capture_sizes "
                    f"({max(sizes)}): vLLM refuses the pair")
+    if multimodal is not None:
+        out += _multimodal(effective, batched, multimodal)
     return out
 
 
@@ -137,4 +142,19 @@ def notes(effective: Mapping[str, Any]) -> list[str]:
     if effective.get("kv_cache_memory_bytes") not in (None, "") and effective.get("gpu_memory_utilization") is not None:
         out.append("kv_cache_memory_bytes is set: vLLM sizes the KV cache from it and ignores "
                    "gpu_memory_utilization")
+    return out
+
+
+def _multimodal(effective: Mapping[str, Any], batched: int | None, mm: Any) -> list[str]:
+    from autotune.space.multimodal import image_limit_of
+
+    out: list[str] = []
+    limit = image_limit_of(effective.get("limit_mm_per_prompt"))
+    if limit is not None and limit < mm.max_images:
+        out.append(f"limit_mm_per_prompt allows {limit} image(s) per prompt, the workload sends up to {mm.max_images}")
+    if effective.get("disable_chunked_mm_input") is True and batched is not None:
+        per_image = mm.max_tokens_per_image(effective.get("mm_processor_kwargs"))
+        if per_image > batched:
+            out.append(f"max_num_batched_tokens ({batched}) < the largest image's {per_image} tokens with "
+                       "chunked MM input off")
     return out

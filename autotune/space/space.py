@@ -48,6 +48,8 @@ class SearchSpace:
     # study's model before the search starts, not part of the fingerprint (it is the model's, not the space's).
     model_max_len: int | None = None
     raw_params: dict[str, Any] = field(default_factory=dict, repr=False)   # as written, for `extends`
+    # A VLM's image facts for the multimodal constraints (space/multimodal.py), set like model_max_len.
+    multimodal: Any = None
 
     @classmethod
     def load(cls, ref: str | Mapping[str, Any], base_dir: Path | None = None, _seen: tuple[str, ...] = ()
@@ -118,7 +120,8 @@ class SearchSpace:
                     continue
                 p = ParamSpec(**{**p.__dict__, "choices": choices})
             keep[p.name] = p
-        return SearchSpace(without_orphans(keep, self.params), list(self.fixed_flags), self.source, self.model_max_len)
+        return SearchSpace(without_orphans(keep, self.params), list(self.fixed_flags), self.source, self.model_max_len,
+                           multimodal=self.multimodal)
 
     def supported(self, unknown: Callable[[Sequence[str]], Sequence[str]]) -> tuple["SearchSpace", list[str]]:
         """The space without the flags this engine lacks, and one notice line per knob (or composite
@@ -153,7 +156,8 @@ class SearchSpace:
             keep[p.name] = p
         kept = without_orphans(keep, self.params)
         notices += [f"knob {n} dropped with its parent" for n in keep if n not in kept]
-        return SearchSpace(kept, list(self.fixed_flags), self.source, self.model_max_len), notices
+        return SearchSpace(kept, list(self.fixed_flags), self.source, self.model_max_len,
+                           multimodal=self.multimodal), notices
 
     @property
     def quality_params(self) -> list[str]:
@@ -211,7 +215,7 @@ class SearchSpace:
                 continue
             keep[p.name] = p
         return SearchSpace(without_orphans(keep, self.params), list(self.fixed_flags), self.source,
-                           self.model_max_len), notices
+                           self.model_max_len, multimodal=self.multimodal), notices
 
     def render(self, params: Mapping[str, Any]) -> list[str]:
         out: list[str] = []
@@ -237,7 +241,7 @@ class SearchSpace:
 
     def violations(self, params: Mapping[str, Any], fixed_flags: Sequence[str], num_gpus: int) -> list[str]:
         effective = {**flags_to_mapping(fixed_flags), **flags_to_mapping(self.render(params))}
-        return violations(effective, num_gpus, self.model_max_len)
+        return violations(effective, num_gpus, self.model_max_len, self.multimodal)
 
     def notes(self, params: Mapping[str, Any], fixed_flags: Sequence[str]) -> list[str]:
         """Warnings about a candidate vLLM accepts (space/constraints.py `notes`)."""

@@ -12,12 +12,15 @@ import re
 import shlex
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from autotune.bench.workloads import Workload, parse_workload
 from autotune.daemon.pool import GpuPool, parse_gpus
 from autotune.engine.base import Engine
 from autotune.errors import UserError
+from autotune.slo import check_slo_classes
 from autotune.space import SearchSpace, flag_names, mapping_to_flags
+from autotune.space.multimodal import MultimodalContext, with_multimodal
 from autotune.spec import (StudySpec, build_spec, check_engine_command, check_model, load_spec_file,
                            parse_duration, resolve_provenance)
 from autotune.store.repository import ResultStore, storage_exists
@@ -25,6 +28,9 @@ from autotune.store.urls import mask_url
 from autotune.telemetry import auto_source, get_source
 from autotune.telemetry.base import TelemetrySource
 from autotune.tuner.host import catalog_gpu_name, nvml_gpus
+
+if TYPE_CHECKING:
+    from autotune.perfmodel.vision import VisionProfile
 
 DEFAULT_TRIALS = 30
 CPU_DEFAULTS: dict[str, Any] = {
@@ -131,9 +137,15 @@ def prepare_spec(raw: dict[str, Any], source: str, base_dir: Path | None) -> dic
     spec = build_spec(raw, source)
     spec = resolve_provenance(check_model(spec, base_dir))
     command = check_engine_command(spec)
-    space = SearchSpace.load(spec.search_space, base_dir).narrowed(spec.num_gpus, spec.quality_opt_in,
-                                                                   spec.opt_ins())
+    workload = _checked_workload(spec)
+    space = SearchSpace.load(spec.search_space, base_dir)
+    vision = _vision(spec)
+    if vision is not None:
+        space = with_multimodal(space, vision)
+    space = space.narrowed(spec.num_gpus, spec.quality_opt_in, spec.opt_ins())
     space.model_max_len = _model_max_len(spec)
+    if vision is not None:
+        space.multimodal = MultimodalContext(vision, workload.max_images)
     if spec.baseline:
         unknown = [k for k in spec.baseline if not re.fullmatch(r"[a-z][a-z0-9_]*", str(k))]
         if unknown:
@@ -174,6 +186,27 @@ def prepare_spec(raw: dict[str, Any], source: str, base_dir: Path | None) -> dic
                             f"use a new study name or storage")
     return dict(spec=spec, space=space, engine=engine, telemetry=source, n_trials=n_trials, timeout_s=timeout_s,
                 fixed_flags=fixed, engine_command=command, predict=_predictor(spec), notices=notices)
+
+
+def _checked_workload(spec: StudySpec) -> Workload:
+    """The study's workload, parsed (a trace is read) and checked against the endpoint and the SLO's
+    classes: images travel only to the chat endpoint, and a term on a class needs requests of it."""
+    workload = parse_workload(spec.workload)
+    if workload.max_images and spec.load.endpoint != "chat":
+        raise UserError(f"workload {workload.kind} sends images, which go to the chat endpoint: set load.endpoint: chat")
+    check_slo_classes(spec.slo_obj, workload)
+    return workload
+
+
+def _vision(spec: StudySpec) -> "VisionProfile | None":
+    """The model's vision encoder (a VLM of a modelled family), from its directory or its simulator profile."""
+    from autotune.perfmodel.profiles import find_profile
+    from autotune.perfmodel.vision import load_vision
+
+    if spec.engine.kind == "sim":
+        profile = find_profile(spec.model)
+        return profile.vision if profile is not None else None
+    return load_vision(spec.model) if Path(spec.model).is_dir() else None
 
 
 def _model_max_len(spec: StudySpec) -> int | None:

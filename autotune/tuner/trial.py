@@ -299,7 +299,7 @@ class TrialRunner:
                                                      if launch.hint else ""))
         cap: CapacityResult = run_async(find_capacity(
             url, model, self.workload, self.slo, search=load.search, max_steps=load.max_steps,
-            requests_per_step=load.requests_per_step, warmup=load.warmup, seed=seed,
+            requests_per_step=load.requests_per_step, warmup=load.warmup, seed=seed, endpoint=load.endpoint,
             tokenizer=self.tokenizer, on_step=on_step, min_waves=load.min_waves, min_step_s=load.min_step_s,
             max_bracket=load.max_bracket, refine_steps=load.refine_steps, stall_timeout_s=load.stall_timeout_s,
             api_key=self.api_key, should_stop=stopper.should_stop if stopper else None,
@@ -319,7 +319,8 @@ class TrialRunner:
                            "failed": s.measurement.metrics.get("failed"),
                            "aborted_early": s.measurement.aborted_early, "disturbances": list(s.disturbances),
                            "discarded_output_tokens": (s.discarded.metrics.get("total_output_tokens")
-                                                       if s.discarded is not None else None)}
+                                                       if s.discarded is not None else None),
+                           **_class_figures(s.measurement.metrics)}
                           for s in cap.steps]}
         return chosen, info, sum(stalled_requests(s.measurement.records) for s in cap.steps)
 
@@ -407,3 +408,13 @@ def _exit_within(server: Server, grace_s: float) -> EngineFailure | None:
     while (died := server.failure()) is None and time.monotonic() < deadline:
         time.sleep(0.1)
     return died
+
+
+# A step's figures per request class, kept with the step where its requests carried images (the SLO may
+# bound each class apart, and `show`/the report read which class broke it).
+_CLASS_KEYS = ("images_per_s", "image_completed", "text_completed", "image_median_ttft_ms", "image_p99_ttft_ms",
+               "text_median_ttft_ms", "text_p99_ttft_ms")
+
+
+def _class_figures(metrics: dict[str, Any]) -> dict[str, Any]:
+    return {k: metrics[k] for k in _CLASS_KEYS if k in metrics}

@@ -104,7 +104,7 @@ def modelled_subspace(space: SearchSpace) -> tuple[SearchSpace, list[str]]:
     from autotune.perfmodel.knobs import modelled
 
     keep = without_orphans({n: p for n, p in space.params.items() if modelled(p.knobs())}, space.params)
-    sub = SearchSpace(keep, list(space.fixed_flags), space.source, space.model_max_len)
+    sub = SearchSpace(keep, list(space.fixed_flags), space.source, space.model_max_len, multimodal=space.multimodal)
     return sub, [n for n in space.params if n not in keep]
 
 
@@ -148,11 +148,14 @@ def twin_predictor(model: str, gpu: str | None, num_gpus: int, fixed_flags: Sequ
     (unknown model or GPU, or a workload without fixed lengths)."""
     from autotune.errors import UserError
     from autotune.perfmodel import find_gpu, find_profile, plan
+    from autotune.bench.workloads import parse_workload
     from autotune.sim.capacity import at_capacity, capacity_curve
+    from autotune.sim.inprocess import ImageMix
 
-    if find_gpu(gpu) is None or find_profile(model) is None or workload.get("kind") not in ("random", "prefix"):
+    if find_gpu(gpu) is None or find_profile(model) is None or workload.get("kind") not in ("random", "prefix", "image"):
         return None
-    if workload.get("kind") == "random":
+    images = ImageMix.from_workload(parse_workload(workload)) if workload.get("kind") == "image" else None
+    if workload.get("kind") in ("random", "image"):
         input_len, output_len = int(workload.get("input_len", 1024)), int(workload.get("output_len", 128))
     else:
         input_len = int(workload.get("prefix_len", 0)) + int(workload.get("suffix_len", 0))
@@ -165,7 +168,7 @@ def twin_predictor(model: str, gpu: str | None, num_gpus: int, fixed_flags: Sequ
             return None
         if not p.budget.fits:
             return None
-        best = at_capacity(capacity_curve(p, slo, input_len, output_len, requests))
+        best = at_capacity(capacity_curve(p, slo, input_len, output_len, requests, images=images))
         if best is None:
             return {"capacity": 0.0, "capacity_tps": 0.0}
         return {"capacity": float(best["c"]), "capacity_tps": best["tps"], "output_tps": best["tps"],

@@ -19,7 +19,7 @@ BASE = ["--max-model-len", "4096"]
 
 def test_every_knob_of_the_shipped_spaces_is_modelled_or_marked_unmodelled():
     assert not set(MODELLED) & set(UNMODELLED)
-    for name in ("default", "cpu"):
+    for name in ("default", "cpu", "multimodal"):
         space = SearchSpace.load(name).narrowed(8, True, {"speculative": {"draft_model": "d"}})
         for p in space.params.values():
             for knob in p.knobs():
@@ -28,8 +28,9 @@ def test_every_knob_of_the_shipped_spaces_is_modelled_or_marked_unmodelled():
 
 
 def test_the_sim_accepts_every_flag_the_default_space_sends():
-    space = SearchSpace.load("default").narrowed(8, True, {"speculative": {"draft_model": "d"}})
-    assert [f for f in space.flag_names() if f not in known_flags()] == []
+    for name in ("default", "multimodal"):
+        space = SearchSpace.load(name).narrowed(8, True, {"speculative": {"draft_model": "d"}})
+        assert [f for f in space.flag_names() if f not in known_flags()] == []
 
 
 def test_a_capture_size_stands_for_max_num_seqs_in_graph_memory_as_seed_001_measured():

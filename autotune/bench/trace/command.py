@@ -21,7 +21,7 @@ from autotune.bench.trace.conversations import Timed, link_turns
 from autotune.bench.trace.csv_log import read_csv_log
 from autotune.bench.trace.cut import parse_window, sample, window
 from autotune.bench.trace.fields import TokenCounter
-from autotune.bench.trace.format import TraceRecord, write_trace
+from autotune.bench.trace.format import UNKNOWN_SIZE, TraceRecord, write_trace
 from autotune.bench.trace.openai_log import read_openai_log
 from autotune.bench.trace.private import lengths_only
 from autotune.bench.trace.sharegpt import read_sharegpt
@@ -116,7 +116,12 @@ def _run(args) -> int:  # type: ignore[no-untyped-def]
               "window": args.window, "sample": args.sample, "seed": args.seed}
     write_trace(out, records, header)
     from autotune.bench.workloads import TraceWorkload
+    images = [img for r in records for img in r.images or ()]
+    unknown = sum(1 for img in images if img.get("width") is None)
     print(f"wrote {out}: {len(records)} of {n_read} requests ({fmt}"
-          + (", lengths only" if args.lengths_only else "") + ")")
+          + (", lengths only" if args.lengths_only else "") + ")"
+          + (f", {len(images)} images in {sum(1 for r in records if r.images)} requests" if images else "")
+          + (f" ({unknown} of unknown size, given by URL: replayed at {UNKNOWN_SIZE[0]}x{UNKNOWN_SIZE[1]})"
+             if unknown else ""))
     print(format_profile(describe(TraceWorkload(str(out)).one_pass(tok), tok)))
     return 0

@@ -43,6 +43,34 @@ def content_text(content: Any) -> str | None:
     return None
 
 
+def content_images(content: Any) -> list[str | None]:
+    """The images of an OpenAI content list, in order: each part's URL (a data URI, or a link), None where
+    the part holds none (`image_url` parts of chat completions, `input_image` parts of the Responses API)."""
+    if not isinstance(content, list):
+        return []
+    out: list[str | None] = []
+    for p in content:
+        if not isinstance(p, dict) or p.get("type") not in ("image_url", "input_image", "image"):
+            continue
+        url = p.get("image_url", p.get("url"))
+        if isinstance(url, dict):
+            url = url.get("url")
+        out.append(url if isinstance(url, str) else None)
+    return out
+
+
+def logged_image(url: str | None, message: int, keep: bool = True) -> dict[str, Any]:
+    """A trace image from a logged URL: its size and format from the bytes of a data URI (a link is not
+    fetched: its size stays unknown); the URI itself kept when `keep`."""
+    from autotune.bench.images import uri_size
+    from autotune.bench.trace.format import image_record
+
+    size = uri_size(url) if url else None
+    if size is None:
+        return image_record(None, None, None, message)
+    return image_record(size[0], size[1], size[2], message, url if keep else None)
+
+
 class TokenCounter:
     """The model's tokenizer when given; else about four characters a token, said in the trace header.
 

@@ -6,6 +6,13 @@
     {"t": 1.9, "output_tokens": 40, "input_tokens": 700}                       # lengths only: text made at replay
     {"t": 9.1, "output_tokens": 64, "input_tokens": 520, "messages": [...], "conversation": "c3", "turn": 1,
      "think_s": 4.2}
+    {"t": 9.8, "output_tokens": 50, "messages": [...], "images": [{"width": 1024, "height": 768, "format": "jpeg",
+     "message": 0}]}                                                             # an image: its size only
+
+`images` are the request's images, each with its size, its format and the index of the message it was
+part of; `url` keeps the image itself (a data URI) where the log held one and the conversion was not
+lengths-only. An image without `url` is made at replay (seeded, of its size); a width and height of
+null (an image logged by URL, which is never fetched) is replayed at UNKNOWN_SIZE.
 
 `t` is seconds since the trace's first request; `output_tokens` is sent as `max_tokens` with EOS
 ignored, so the recorded output-length distribution holds whatever the model says. A turn of a
@@ -27,6 +34,8 @@ from autotune.errors import UserError
 
 FORMAT_VERSION = 1
 HEADER_KEY = "autotune_trace"
+UNKNOWN_SIZE = (512, 512)   # an image logged by URL: its size is unknown without fetching it
+_IMAGE_KEYS = {"width", "height", "format", "message", "url"}
 
 
 @dataclass
@@ -39,6 +48,7 @@ class TraceRecord:
     conversation: str | None = None
     turn: int = 0
     think_s: float | None = None
+    images: list[dict[str, Any]] | None = None
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"t": round(self.t, 6), "output_tokens": self.output_tokens}
@@ -49,6 +59,8 @@ class TraceRecord:
             out["turn"] = self.turn
         if self.think_s is not None:
             out["think_s"] = round(self.think_s, 6)
+        if self.images:
+            out["images"] = self.images
         return out
 
     @classmethod
@@ -79,7 +91,40 @@ class TraceRecord:
         return cls(t=float(t), output_tokens=out, input_tokens=n_in, prompt=prompt,
                    messages=[{"role": m["role"], "content": m["content"]} for m in messages] if messages else None,
                    conversation=None if conv is None else str(conv), turn=int(obj.get("turn") or 0),
-                   think_s=None if think is None else float(think))
+                   think_s=None if think is None else float(think), images=_images(obj.get("images"), where))
+
+
+def _images(raw: Any, where: str) -> list[dict[str, Any]] | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, list) or not all(isinstance(i, dict) for i in raw):
+        raise UserError(f"{where}: 'images' must be a list of {{width, height, format, message}}")
+    out = []
+    for img in raw:
+        if set(img) - _IMAGE_KEYS:
+            raise UserError(f"{where}: an image has unknown key(s) {', '.join(sorted(set(img) - _IMAGE_KEYS))}")
+        w, h = img.get("width"), img.get("height")
+        if (w is None) != (h is None) or any(v is not None and (not isinstance(v, int) or isinstance(v, bool)
+                                                                 or v < 1) for v in (w, h)):
+            raise UserError(f"{where}: an image's width and height are whole numbers >= 1 (or both null)")
+        msg = img.get("message")
+        if msg is not None and (not isinstance(msg, int) or isinstance(msg, bool) or msg < 0):
+            raise UserError(f"{where}: an image's 'message' is a message index >= 0")
+        if img.get("url") is not None and not isinstance(img["url"], str):
+            raise UserError(f"{where}: an image's 'url' must be a string")
+        out.append(dict(img))
+    return out or None
+
+
+def image_record(width: int | None, height: int | None, fmt: str | None, message: int | None,
+                 url: str | None = None) -> dict[str, Any]:
+    """One image of a trace record (what `images` holds)."""
+    out: dict[str, Any] = {"width": width, "height": height, "format": fmt or "png"}
+    if message is not None:
+        out["message"] = message
+    if url is not None:
+        out["url"] = url
+    return out
 
 
 def read_trace(path: str | Path) -> tuple[dict[str, Any], list[TraceRecord]]:

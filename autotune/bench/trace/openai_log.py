@@ -9,7 +9,8 @@ The request may sit under `request` or `body` (or be the line itself); the arriv
 under `end_time` / `finished_at`, or a length `duration_ms` / `latency_ms` / `duration_s`. Chat
 (`messages`) and completion (`prompt`) requests are both read. Token counts: the response's `usage`
 when logged, else the model's tokenizer over the text; the output length falls back to the request's
-`max_tokens` when the log has neither.
+`max_tokens` when the log has neither. Images in the messages (`image_url` parts) are kept with their
+size and their message (format.py); a data URI's size is read from its bytes.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.bench.trace.conversations import Timed
-from autotune.bench.trace.fields import TokenCounter, content_text, parse_time
+from autotune.bench.trace.fields import TokenCounter, content_images, content_text, logged_image, parse_time
 from autotune.bench.trace.format import TraceRecord
 from autotune.errors import UserError
 
@@ -62,13 +63,16 @@ def _entry(obj: dict[str, Any], where: str, counter: TokenCounter) -> Timed:
     record = TraceRecord(t=t, output_tokens=1)
     if isinstance(req.get("messages"), list):
         msgs = []
+        images = []
         for m in req["messages"]:
             text = content_text(m.get("content")) if isinstance(m, dict) else None
             if text is not None and isinstance(m.get("role"), str):
+                images += [logged_image(url, len(msgs)) for url in content_images(m.get("content"))]
                 msgs.append({"role": m["role"], "content": text})
         if not msgs:
             raise UserError(f"{where}: the request's messages hold no text")
         record.messages = msgs
+        record.images = images or None
     elif isinstance(req.get("prompt"), str):
         record.prompt = req["prompt"]
     else:

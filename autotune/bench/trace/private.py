@@ -7,7 +7,8 @@ synthetic first L units, then fresh random words; so a shared system prompt stay
 still extends the earlier turn, and nothing of the text survives but lengths and that sharing. The
 words are single tokens of the model's own vocabulary (a space and letters, checked to encode to one
 token), so the synthetic text has exactly the original token count; without a tokenizer they are common
-English words, about one token each.
+English words, about one token each. Images keep their count, size, format and message, never their
+bytes: the replay makes a synthetic image of each recorded size.
 """
 
 from __future__ import annotations
@@ -57,6 +58,8 @@ def lengths_only(records: list[TraceRecord], tokenizer: Tokenizer | None, seed: 
     roles: dict[str, int] = {}
     made: list[list[int]] = []                 # per record: separators (< 0) and synthetic word indices
     for r in records:
+        if r.images:
+            r.images = [{k: v for k, v in img.items() if k != "url"} for img in r.images]
         if r.prompt is None and r.messages is None:
             index.add([])
             made.append([])

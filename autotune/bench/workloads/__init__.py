@@ -6,13 +6,15 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from autotune.bench.workloads._base import Prompt, Workload
+from autotune.bench.workloads._image import ImageWorkload
 from autotune.bench.workloads._jsonl import JsonlWorkload
 from autotune.bench.workloads._prefix import PrefixWorkload
 from autotune.bench.workloads._random import RandomWorkload
 from autotune.bench.workloads._trace import TraceWorkload
 from autotune.errors import UserError
 
-KINDS: dict[str, type[Workload]] = {w.kind: w for w in (RandomWorkload, JsonlWorkload, PrefixWorkload, TraceWorkload)}
+KINDS: dict[str, type[Workload]] = {w.kind: w for w in (RandomWorkload, JsonlWorkload, PrefixWorkload, TraceWorkload,
+                                                       ImageWorkload)}
 
 
 def parse_workload(spec: str | Mapping[str, Any]) -> Workload:
@@ -50,5 +52,5 @@ def _parse_text(text: str) -> dict[str, Any]:
     return out
 
 
-__all__ = ["JsonlWorkload", "KINDS", "PrefixWorkload", "Prompt", "RandomWorkload", "TraceWorkload", "Workload",
+__all__ = ["ImageWorkload", "JsonlWorkload", "KINDS", "PrefixWorkload", "Prompt", "RandomWorkload", "TraceWorkload", "Workload",
            "parse_workload"]

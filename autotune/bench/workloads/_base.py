@@ -13,16 +13,18 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from autotune.bench.images import ImageRef
 from autotune.bench.tokens import Tokenizer
 from autotune.errors import UserError
 
 
 @dataclass(frozen=True)
 class Prompt:
-    """One request's text. `input_tokens` is the tokenizer's count when one was available, else None
-    (the server's usage field then gives it). A replayed trace adds when the request arrived (`at_s`,
-    seconds since the trace's start), its conversation and think time, and its chat messages (sent as
-    such on the chat endpoint; `text` is then their contents, for the completions endpoint)."""
+    """One request's text. `input_tokens` is the tokenizer's count of the text when one was available,
+    else None (the server's usage field then gives it). A replayed trace adds when the request arrived
+    (`at_s`, seconds since the trace's start), its conversation and think time, and its chat messages
+    (sent as such on the chat endpoint; `text` is then their contents, for the completions endpoint).
+    `images` go with the request as `image_url` content parts (chat endpoint only)."""
 
     text: str
     output_len: int
@@ -31,6 +33,7 @@ class Prompt:
     conversation: str | None = None
     think_s: float | None = None
     messages: tuple[dict[str, str], ...] | None = None
+    images: tuple[ImageRef, ...] = ()
 
 
 class Workload(ABC):
@@ -50,6 +53,17 @@ class Workload(ABC):
 
     def prompts(self, n: int, *, seed: int = 0, tokenizer: Tokenizer | None = None) -> list[Prompt]:
         return list(islice(self.iter_prompts(seed, tokenizer), n))
+
+    @property
+    def max_images(self) -> int:
+        """Most images one request carries: what the server's --limit-mm-per-prompt must allow (0: text only)."""
+        return 0
+
+    @property
+    def image_sizes(self) -> tuple[tuple[int, int], ...]:
+        """The (width, height) of the images requests may carry, each once: what the memory model and the
+        server's token budget must hold."""
+        return ()
 
     def one_pass(self, tokenizer: Tokenizer | None, n: int = 100) -> list[Prompt]:
         """What describes the workload (bench/profile.py): a sample of `n` prompts; a trace gives itself."""

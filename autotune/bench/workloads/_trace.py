@@ -5,7 +5,8 @@ lengths; bench/trace/format.py defines it). Each request keeps its recorded prom
 and its recorded completion length as `max_tokens`; a request logged with lengths only gets random text
 of its length, drawn by seed. Requests come out in recorded order with their arrival times (`at_s`),
 which the trace replay (arrivals/_trace.py) honours; a run that needs more requests than the window
-holds replays it again after one mean gap.
+holds replays it again after one mean gap. A request's images are sent as recorded (a kept data URI) or
+made at replay with their recorded size (a lengths-only trace), a fresh image each cycle.
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from autotune.bench.images import FORMATS, ImageRef, made_image
 from autotune.bench.tokens import Tokenizer
-from autotune.bench.trace.format import TraceRecord, read_trace
+from autotune.bench.trace.format import UNKNOWN_SIZE, TraceRecord, read_trace
 from autotune.bench.trace.cut import window
 from autotune.bench.workloads._base import Prompt, Workload, random_text
 from autotune.errors import UserError
@@ -57,6 +59,15 @@ class TraceWorkload(Workload):
     @property
     def size(self) -> int:
         return len(self.records)
+
+    @property
+    def max_images(self) -> int:
+        return max((len(r.images or ()) for r in self.records), default=0)
+
+    @property
+    def image_sizes(self) -> tuple[tuple[int, int], ...]:
+        sizes = {_size(img) for r in self.records for img in r.images or ()}
+        return tuple(sorted(sizes))
 
     def mean_rate(self) -> float | None:
         """Requests per second as recorded (None for a trace of one instant)."""
@@ -101,4 +112,22 @@ class TraceWorkload(Workload):
             counted = len(tokenizer.encode(text))
         conv = None if r.conversation is None else (r.conversation if not cycle else f"{r.conversation}#{cycle}")
         return Prompt(text, r.output_tokens, counted, at_s=r.t + offset, conversation=conv,
-                      think_s=r.think_s if r.turn else None, messages=messages)
+                      think_s=r.think_s if r.turn else None, messages=messages, images=_replayed(r, rng, cycle))
+
+
+def _size(img: dict[str, Any]) -> tuple[int, int]:
+    return (img["width"], img["height"]) if img.get("width") else UNKNOWN_SIZE
+
+
+def _replayed(r: TraceRecord, rng: np.random.Generator, cycle: int) -> tuple[ImageRef, ...]:
+    """The recorded image where the trace kept it (first pass only: a later cycle would replay a cached
+    image), else a made one of the recorded size."""
+    out = []
+    for img in r.images or ():
+        w, h = _size(img)
+        fmt = img.get("format") if img.get("format") in FORMATS else "png"
+        if img.get("url") and not cycle:
+            out.append(ImageRef(w, h, fmt, img["url"], img.get("message")))
+        else:
+            out.append(made_image(w, h, int(rng.integers(2**62)), fmt, img.get("message")))
+    return tuple(out)

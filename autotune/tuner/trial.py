@@ -136,10 +136,10 @@ class TrialRunner:
             env.setdefault("VLLM_PORT", str(lease.port_base + 1))
             env.setdefault("VLLM_DP_MASTER_PORT", str(lease.port_base + 4))
             if self.spec.engine.kind == "vllm" and not gpus and cores:
-                cores, client_cores = cpu_build_split(cores)
-                if set(cores) < _affinity():
-                    # the CPU build binds its OpenMP threads itself: to the server's share, when it is one
-                    env.setdefault("VLLM_CPU_OMP_THREADS_BIND", format_cpulist(cores))
+                compute, client_cores = cpu_build_split(cores)
+                if set(compute) < _affinity():
+                    # the CPU build binds its OpenMP threads itself: to the server's compute share
+                    env.setdefault("VLLM_CPU_OMP_THREADS_BIND", format_cpulist(compute))
         launch = _Launch(all_flags, log_path, gpus, env, cores, self.spec.seed if seed is None else seed, stopper,
                          claim, hint, before_load)
         pinned = _pin_thread(client_cores)
@@ -346,10 +346,12 @@ class TrialRunner:
 
 
 def cpu_build_split(cores: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """(server cores, load-client cores) of a CPU-build lease. The CPU build's OpenMP threads spin on every
-    core they are given, so a client sharing those cores is starved: its timestamps come late, it flags
-    itself `client_saturated`, and the trial is never exported unconfirmed. With two cores or more the
-    client gets the last one to itself; with one, both share it (and the client says so when it lags)."""
+    """(server compute cores, load-client cores) of a CPU-build lease. The CPU build's OpenMP threads spin
+    on every core they are bound to, so a client on those cores is starved: its timestamps come late, it
+    flags itself `client_saturated`, and the trial is never exported unconfirmed. With two cores or more
+    the compute threads get all but the last and the client the last; the server's processes stay on the
+    whole lease, so its imports at start and its HTTP front end are not squeezed onto the compute cores
+    (pinned there, a start under load took over five minutes here). With one core, both share it."""
     cores = tuple(cores)
     if len(cores) < 2:
         return cores, cores

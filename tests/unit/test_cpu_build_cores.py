@@ -1,7 +1,8 @@
 """On vLLM's CPU build the server's OpenMP threads spin on every core they get: a load client sharing those
 cores is starved and flags itself `client_saturated`. A CPU-build lease of two cores or more therefore
-gives the server all but the last core (bound there through VLLM_CPU_OMP_THREADS_BIND too) and the load
-client the last one; a GPU lease keeps one shared set, as before."""
+binds the server's compute threads to all but the last core (VLLM_CPU_OMP_THREADS_BIND) and pins the
+load client to the last one; the server's processes keep the whole lease. A GPU lease keeps one shared
+set, as before."""
 
 from __future__ import annotations
 
@@ -67,7 +68,7 @@ class _Recorder(Engine):
 
 
 @pytest.mark.parametrize("gpus, server, client, bind", [
-    ((), (0,), (1,), "0"),              # the CPU build: server on core 0, client on core 1
+    ((), (0, 1), (1,), "0"),            # the CPU build: compute threads on core 0, the client on core 1
     ((0,), (0, 1), (0, 1), None),       # a GPU lease: server and client share its cores
 ])
 def test_the_runner_launches_and_pins_by_that_split(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gpus, server,

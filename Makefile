@@ -36,7 +36,7 @@ chromium:
 	else echo "chromium is missing and cannot be installed here (not root or no apt-get): the browser test will skip"; fi
 
 test: demo-model postgres chromium
-	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup --durations=25
+	$(PY) -m pytest -q -p no:cacheprovider --durations=25
 
 # PostgreSQL server binaries for the multi-host tests (they start a throwaway server themselves):
 # installed when missing and running as root; otherwise those tests skip and say why.

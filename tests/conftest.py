@@ -34,20 +34,12 @@ _NEEDS = {"vllm_server": "vllm", "vlm_server": "vllm", "postgres_server": "postg
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Markers from fixtures, and the groups `make test` hands to its workers (pytest-xdist, `--dist
-    loadgroup`): every test that runs a real vLLM is in group `vllm`, so the CPU build serves one test at a
-    time on one worker (one shared server, and no two measurements of it side by side) while the other
-    worker takes the rest; the PostgreSQL tests share one server in group `postgres`."""
     for item in items:
         for fixture, marker in _NEEDS.items():
             if fixture in getattr(item, "fixturenames", ()):
                 item.add_marker(marker)
         if "tests/e2e/" in item.nodeid or item.nodeid.startswith("e2e/"):
             item.add_marker("e2e")
-        if item.get_closest_marker("vllm") or item.get_closest_marker("e2e"):
-            item.add_marker(pytest.mark.xdist_group("vllm"))
-        elif item.get_closest_marker("postgres"):
-            item.add_marker(pytest.mark.xdist_group("postgres"))
 
 
 def vllm_cmd() -> list[str]:

@@ -35,6 +35,7 @@ from autotune.tuner.verdict import bracket_low, first_bracket
 
 ROUND_SEED_BASE = 7_770_001    # fresh prompts: the first runs drew theirs from the spec's seed
 ROUND_SEED_STRIDE = 104_729
+SAID_LEFT_OUT = 5              # close or flagged trials named when the confirmation starts without them
 
 
 def round_seed(spec_seed: int, r: int) -> int:
@@ -83,8 +84,10 @@ def confirm_study(spec: StudySpec, store: ResultStore, study: StudyRecord, runne
         say(f"confirmation: beyond the top {top_k}, {', '.join(f'#{t.number}' for t in picks.extras)} joined: "
             f"first run within the noise of the best or flagged (noise {picks.noise:.1%}: {picks.noise_why})")
     if picks.left_out:
+        more = len(picks.left_out) - SAID_LEFT_OUT
         say(f"confirmation: left out (confirm.max_extra = {max_extra}): "
-            + "; ".join(f"#{t.number} ({why})" for t, why in picks.left_out))
+            + "; ".join(f"#{t.number} ({why})" for t, why in picks.left_out[:SAID_LEFT_OUT])
+            + (f"; {more} more (`autotune show` lists them)" if more > 0 else ""))
     done = 0
     for n, (r, pos, t) in enumerate(todo):
         if deadline is not None:

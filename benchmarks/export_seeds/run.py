@@ -9,9 +9,10 @@ the wall time, the exported trial, the verdict lines of the export's header, and
 configuration (first run, confirmed median, spread, whether it stayed) from `show --json`.
 
     nice -n 10 timeout 3h .venv/bin/python benchmarks/export_seeds/run.py --seeds 0-9 [--time-scale 20]
+    .venv/bin/python benchmarks/export_seeds/run.py --table      # the table of what results.json holds
 
-Writes results.json beside this file (one entry per seed, merged with the entries already there) and
-prints a Markdown table for RESULTS.md.
+Writes results.json beside this file (one entry per seed, merged with the entries already there, after
+each seed) and prints a Markdown table for RESULTS.md.
 """
 
 from __future__ import annotations
@@ -62,7 +63,6 @@ def one_seed(spec_path: Path, seed: int, n_trials: int, time_scale: float | None
             raw["engine"]["time_scale"] = time_scale
         spec = work / "study.yaml"
         spec.write_text(yaml.safe_dump(raw, sort_keys=False))
-        url = raw["storage"]
         started = time.monotonic()
         cpu0 = _children_cpu()
         try:
@@ -71,16 +71,23 @@ def one_seed(spec_path: Path, seed: int, n_trials: int, time_scale: float | None
             run_rc, run_err = run.returncode, run.stderr
         except subprocess.TimeoutExpired:
             run_rc, run_err = 124, "timed out"
-        run_s = time.monotonic() - started
-        cpu_s = _children_cpu() - cpu0
-        out = work / "best.yaml"
-        exp = subprocess.run([*AUTOTUNE, "export", "--storage", url, "--format", "vllm-yaml", "-o", str(out)],
-                             capture_output=True, text=True, cwd=work, env=ENV, timeout=120)
-        shown = subprocess.run([*AUTOTUNE, "show", "--storage", url, "--json"], capture_output=True, text=True,
-                               cwd=work, env=ENV, timeout=120)
-        show = json.loads(shown.stdout) if shown.returncode == 0 else {}
-        header = [line[2:] for line in out.read_text().splitlines() if line.startswith("# ")] if out.exists() else []
-        wrote = re.search(r"trial (\d+)\)", exp.stdout)
+        entry = {"seed": seed, "run_rc": run_rc, "run_s": round(time.monotonic() - started, 1),
+                 "run_cpu_s": round(_children_cpu() - cpu0, 1),
+                 "run_stderr_tail": run_err.strip().splitlines()[-3:] if run_rc else []}
+        return {**entry, **outcome(work, raw["storage"])}
+
+
+def outcome(work: Path, url: str) -> dict[str, Any]:
+    """`export` and `show --json` of the study at `url`: what was exported, on which verdict, and every
+    confirmed configuration (first run, median, spread, whether it stayed)."""
+    out = work / "best.yaml"
+    exp = subprocess.run([*AUTOTUNE, "export", "--storage", url, "--format", "vllm-yaml", "-o", str(out)],
+                         capture_output=True, text=True, cwd=work, env=ENV, timeout=120)
+    shown = subprocess.run([*AUTOTUNE, "show", "--storage", url, "--json"], capture_output=True, text=True,
+                           cwd=work, env=ENV, timeout=120)
+    show = json.loads(shown.stdout) if shown.returncode == 0 else {}
+    header = [line[2:] for line in out.read_text().splitlines() if line.startswith("# ")] if out.exists() else []
+    wrote = re.search(r"trial (\d+)\)", exp.stdout)
     trials = {t["number"]: t for t in show.get("trials", [])}
     confirmations = []
     for n, c in sorted((show.get("confirmations") or {}).items(), key=lambda kv: int(kv[0])):
@@ -90,14 +97,11 @@ def one_seed(spec_path: Path, seed: int, n_trials: int, time_scale: float | None
                               "spread": c["spreads"].get("capacity_tps"), "survives": c["survives"],
                               "why_not": c["why_not"], "quality_changing": c["quality_changing"],
                               "verdict": [v["text"] for v in c["verdict"]]})
-    return {"seed": seed, "run_rc": run_rc, "run_s": round(run_s, 1), "run_cpu_s": round(cpu_s, 1),
-            "export_rc": exp.returncode,
-            "exported_trial": int(wrote.group(1)) if wrote else None,
+    return {"export_rc": exp.returncode, "exported_trial": int(wrote.group(1)) if wrote else None,
             "export_message": (exp.stderr.strip() or exp.stdout.strip()).splitlines()[-1:] or [""],
             "header": [h for h in header if h.startswith(("confirmed", "against", "this is", "UNCONFIRMED",
                                                           "verdict", "WARNING"))],
-            "confirmations": confirmations, "left_out": show.get("confirmation_left_out"),
-            "run_stderr_tail": run_err.strip().splitlines()[-3:] if run_rc else []}
+            "confirmations": confirmations, "left_out": show.get("confirmation_left_out")}
 
 
 def table(entries: list[dict[str, Any]]) -> str:
@@ -108,8 +112,9 @@ def table(entries: list[dict[str, Any]]) -> str:
                          f"{(c['first_run_tps'] or 0):,.0f} -> {(c['median_tps'] or 0):,.0f} ({(c['spread'] or 0):.1%})"
                          + ("" if c["survives"] else f" OUT: {c['why_not']}") for c in e["confirmations"])
         verdict = " / ".join(e["header"][1:] or e["header"] or e["export_message"])
-        rows.append(f"| {e['seed']} | rc {e['run_rc']}, {e['run_s']:.0f} s ({e.get('run_cpu_s', 0):.0f} s CPU) | "
-                    f"rc {e['export_rc']} | "
+        took = (f"{e['run_s']:.0f} s ({e['run_cpu_s']:.0f} s CPU)" if e.get("run_s") is not None
+                else "cut from outside, resumed (see its note)")
+        rows.append(f"| {e['seed']} | rc {e['run_rc']}, {took} | rc {e['export_rc']} | "
                     f"{'#' + str(e['exported_trial']) if e['exported_trial'] is not None else '-'} | {verdict} | {conf} |")
     return "\n".join(rows)
 
@@ -122,11 +127,12 @@ def main() -> int:
     p.add_argument("--time-scale", type=float, help="the simulator's time scale (default: the spec's)")
     p.add_argument("--timeout", type=float, default=1800, help="seconds one seed's `run` may take")
     p.add_argument("--out", default=str(HERE / "results.json"))
+    p.add_argument("--table", action="store_true", help="print the table of the seeds already in --out, run nothing")
     a = p.parse_args()
     path = Path(a.out)
     kept = json.loads(path.read_text()) if path.exists() else {"entries": []}
     entries = {e["seed"]: e for e in kept["entries"]}
-    for seed in seeds_of(a.seeds):
+    for seed in [] if a.table else seeds_of(a.seeds):
         e = one_seed(Path(a.spec), seed, a.n_trials, a.time_scale, a.timeout)
         entries[seed] = e
         print(f"seed {seed}: run rc {e['run_rc']} ({e['run_s']:.0f} s, {e['run_cpu_s']:.0f} s CPU), "
@@ -137,7 +143,8 @@ def main() -> int:
                                     "entries": [entries[s] for s in sorted(entries)]}, indent=2) + "\n")
     print(table([entries[s] for s in sorted(entries)]))
     ok = sum(1 for e in entries.values() if e["export_rc"] == 0)
-    print(f"\nexport exited 0 in {ok} of {len(entries)} seeds")
+    cpu = sum(e.get("run_cpu_s") or 0.0 for e in entries.values())
+    print(f"\nexport exited 0 in {ok} of {len(entries)} seeds; `run` took {cpu / 60:.0f} min of CPU in all")
     return 0
 
 

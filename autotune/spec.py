@@ -118,8 +118,9 @@ class TelemetrySpec(_Strict):
 
 
 class WarmStartSpec(_Strict):
-    """`warm_start: {from: twin, k: 3}`: the twin ranks `candidates` before the first launch and the best
-    `k` run right after the baseline (tuner/warmstart.py); `from: none` or `warm_start: false` turns it off.
+    """`warm_start: {from: twin, k: 3}`: the twin ranks `candidates` beside the baseline's start and the best
+    `k` run right after the baseline (tuner/warmstart.py, tuner/warm_ranking.py); `from: none` or
+    `warm_start: false` turns it off.
     The default, `auto`, is the twin for a real engine and off on the simulator (where the twin would rank
     its own landscape): a value, not the presence of the key, so a spec resolved by `submit` keeps it."""
 

@@ -121,7 +121,7 @@ def test_two_daemons_share_one_study_and_survive_a_sigkill(postgres_url: str, en
 
     # B re-runs A's unfinished trials and finishes the study; an empty queue leaves it idle, not exited
     queue = StudyQueue(postgres_url, create=False)
-    deadline = time.monotonic() + 300
+    deadline = time.monotonic() + 900       # a generous cap: a busy box runs the confirmation slowly too
     while queue.entry("shared").state != DONE:
         assert time.monotonic() < deadline and b.proc.poll() is None, "\n".join(b.lines[-40:])
         time.sleep(1)
@@ -193,7 +193,7 @@ def test_two_daemons_share_one_study_and_survive_a_sigkill(postgres_url: str, en
     assert all(host == "host-a" and not psutil.pid_exists(pid) for host, pid in procs)
     for run in (a, b):
         assert not any("Traceback" in line for line in run.lines), "\n".join(run.lines)
-    assert time.monotonic() - killed_at < 400
+    assert time.monotonic() - killed_at < 1200      # the cap above, the status calls and the drain
     logs = list((tmp_path / "logs").rglob("trial-*.log"))
     assert logs and all(p.parent.parent.name in ("host-a", "host-b") for p in logs)
     assert "drained; exiting" in (tmp_path / "logs" / "host-b" / "daemon.log").read_text()
@@ -249,7 +249,7 @@ def test_a_postgres_restart_mid_trial_is_survived(postgres_server, postgres_url:
     outage = d.lines[down_at:]
 
     queue = StudyQueue(postgres_url, create=False)
-    deadline = time.monotonic() + 300
+    deadline = time.monotonic() + 900       # a generous cap: a busy box runs the confirmation slowly too
     while queue.entry("shared").state != DONE:
         assert time.monotonic() < deadline and d.proc.poll() is None, "\n".join(d.lines[-40:])
         time.sleep(1)

@@ -60,7 +60,8 @@ def _rows(db: Path, sql: str) -> list[tuple]:
         return conn.execute(sql).fetchall()
 
 
-def test_tune_kill_resume_show_export(autotune_run, servers_in, tmp_path: Path, demo_model_dir: Path) -> None:
+def test_tune_kill_resume_show_export(autotune_run, servers_in, wait_until, tmp_path: Path,
+                                     demo_model_dir: Path) -> None:
     spec = _spec(tmp_path, demo_model_dir)
     db = tmp_path / "e2e.db"
     args = ["run", "--study", str(spec), "--n-trials", "3", "--no-progress"]
@@ -71,9 +72,13 @@ def test_tune_kill_resume_show_export(autotune_run, servers_in, tmp_path: Path, 
     first = autotune_run(args, tmp_path)
     first.wait_for(lambda ls: sum("waiting for /health" in l for l in ls) >= 3 and "waiting for /health" in ls[-1],
                    timeout=420)
-    time.sleep(3)
-    victims = servers_in(tmp_path, "vllm.entrypoints.openai.api_server")
-    assert victims, "trial 2's vLLM should be starting"
+    def starting() -> list[psutil.Process]:     # trial 2's vLLM, far enough in its start to have its engine core
+        found = servers_in(tmp_path, "vllm.entrypoints.openai.api_server")
+        try:
+            return found if any(p.children() for p in found) else []
+        except psutil.Error:
+            return []
+    victims = wait_until(starting, 300, what="trial 2's vLLM starting its engine core")
     os.kill(first.proc.pid, signal.SIGKILL)
     first.finish(timeout=30)
     before = _rows(db, "select number, state, cause, metrics, params from autotune_trials order by number")

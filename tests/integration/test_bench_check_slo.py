@@ -27,7 +27,7 @@ def test_check_slo_exit_code_follows_the_slo() -> None:
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(150):
+        for _ in range(600):                  # up to a minute for the server to answer
             try:
                 urllib.request.urlopen(url + "/health", timeout=1)
                 break

@@ -40,13 +40,17 @@ async def test_a_hint_skips_the_probe_and_finds_the_crossing_in_fewer_steps() ->
         plain = await find_capacity(url, "mock", W, TPOT, requests_per_step=20, warmup=2)
         hinted = await find_capacity(url, "mock", W, TPOT, requests_per_step=20, warmup=2, hint=(36, 41))
     assert plain.steps[0].load == 1 and plain.steps[0].measurement.metrics["completed"] <= 20   # the probe
-    assert hinted.steps[0].load == 36 and hinted.steps[1].load == 41
-    assert len(hinted.steps) < len(plain.steps)
-    # the same crossing (40 on a quiet box; a busy one reads lower, never higher): both brackets end
-    # at a broken load above the other's met load
+    assert hinted.steps[0].load == 36
     assert hinted.capacity is not None and plain.capacity is not None
-    assert 28 <= hinted.capacity <= 41 and 28 <= plain.capacity <= 41
-    assert hinted.bracket[1] > plain.capacity and plain.bracket[1] > hinted.capacity
+    assert hinted.capacity <= 41 and plain.capacity <= 41     # 40 on a quiet box; a busy one reads lower
+    # The path and the crossing, when the client kept time. A busy machine (the client flags itself
+    # saturated) reads the crossing lower, by a different amount in each search: 36 may break, and then
+    # the search probes from 1 as without a hint (the next test)
+    if "client_saturated" not in hinted.flags + plain.flags:
+        assert hinted.steps[1].load == 41 and len(hinted.steps) < len(plain.steps)
+        # the same crossing: both brackets end at a broken load above the other's met load
+        assert 28 <= hinted.capacity and 28 <= plain.capacity
+        assert hinted.bracket[1] > plain.capacity and plain.bracket[1] > hinted.capacity
     assert json.loads(json.dumps(hinted.to_json()))["bracket"] == list(hinted.bracket)
 
 
@@ -54,7 +58,7 @@ async def test_a_hint_above_the_candidates_capacity_falls_back_to_the_probe() ->
     async with serve(build_app(MockConfig(mode="batch", step_ms=2, per_seq_ms=0.25))) as url:
         r = await find_capacity(url, "mock", W, TPOT, requests_per_step=20, warmup=2, hint=(200, 240))
     assert [s.load for s in r.steps[:2]] == [200, 1] and not r.steps[0].slo_met
-    assert r.capacity is not None and 20 <= r.capacity <= 41
+    assert r.capacity is not None and r.capacity <= 41 and (20 <= r.capacity or "client_saturated" in r.flags)
 
 
 def _first_steps(db: Path) -> list[tuple[int, str, float, list[float | None], list[float] | None, int | None]]:

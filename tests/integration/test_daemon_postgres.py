@@ -121,12 +121,13 @@ def test_two_daemons_share_one_study_and_survive_a_sigkill(postgres_url: str, en
 
     # B re-runs A's unfinished trials and finishes the study; an empty queue leaves it idle, not exited
     queue = StudyQueue(postgres_url, create=False)
-    deadline = time.monotonic() + 300
+    deadline = time.monotonic() + 900       # a generous cap: a busy box runs the confirmation slowly too
     while queue.entry("shared").state != DONE:
         assert time.monotonic() < deadline and b.proc.poll() is None, "\n".join(b.lines[-40:])
         time.sleep(1)
-    time.sleep(2)
-    assert b.proc.poll() is None
+    b.wait_for(lambda ls: any(line.endswith(f"shared: done, {N_TRIALS} trial(s) complete") for line in ls), 60)
+    with pytest.raises(subprocess.TimeoutExpired):      # idle, not exited: it outlives four more polls
+        b.proc.wait(timeout=2)
 
     # status: the CLI on the database and on B's URL, and both endpoints
     st = _cli("status", "--json", "--storage", postgres_url)
@@ -192,7 +193,7 @@ def test_two_daemons_share_one_study_and_survive_a_sigkill(postgres_url: str, en
     assert all(host == "host-a" and not psutil.pid_exists(pid) for host, pid in procs)
     for run in (a, b):
         assert not any("Traceback" in line for line in run.lines), "\n".join(run.lines)
-    assert time.monotonic() - killed_at < 400
+    assert time.monotonic() - killed_at < 1200      # the cap above, the status calls and the drain
     logs = list((tmp_path / "logs").rglob("trial-*.log"))
     assert logs and all(p.parent.parent.name in ("host-a", "host-b") for p in logs)
     assert "drained; exiting" in (tmp_path / "logs" / "host-b" / "daemon.log").read_text()
@@ -240,14 +241,15 @@ def test_a_postgres_restart_mid_trial_is_survived(postgres_server, postgres_url:
     # "stopping server" was not always enough on a loaded two-core CI machine: the writes came later.)
     d.wait_for(lambda ls: any(f"[trial {in_flight}] stopping server" in line for line in ls[down_at:]), 120)
     d.wait_for(lambda ls: any("the database is unreachable" in line for line in ls[down_at:]), 60)
-    time.sleep(2)
+    # and the daemon's own queue poll has met it away too (checked below: it did not end the daemon)
+    d.wait_for(lambda ls: any("cannot work the queue now" in line for line in ls[down_at:]), 60)
     assert d.proc.poll() is None, "\n".join(d.lines[-30:])
     postgres_server.start_server()                          # same port, same data folder
     assert postgres_server.pid != old_pid
     outage = d.lines[down_at:]
 
     queue = StudyQueue(postgres_url, create=False)
-    deadline = time.monotonic() + 300
+    deadline = time.monotonic() + 900       # a generous cap: a busy box runs the confirmation slowly too
     while queue.entry("shared").state != DONE:
         assert time.monotonic() < deadline and d.proc.poll() is None, "\n".join(d.lines[-40:])
         time.sleep(1)

@@ -108,7 +108,7 @@ def test_each_fault_is_a_trial_with_its_cause_and_nothing_is_left(mode: str, tmp
     assert not left_behind(tmp_path)
     with sqlite3.connect(tmp_path / "faults.db") as conn:   # Optuna and our table agree: one finished trial
         assert conn.execute("select state from trials").fetchall() == [("COMPLETE",)]
-    assert took < 60, f"{mode} took {took:.0f} s"
+    assert took < 180, f"{mode} took {took:.0f} s"      # a fault ends the trial: no timeout of minutes waited
 
 
 @pytest.mark.parametrize("mode, cause", [("oom-load", causes.RUNTIME_OOM), ("crash-load", causes.CRASH)])
@@ -142,7 +142,7 @@ def test_a_server_that_stops_answering_mid_stream_ends_the_step_in_bounded_time(
     # trial is a failure of the server, not a measurement of it (nor a usage error that stops the study)
     assert (state, cause) == ("failed", causes.CRASH), detail
     assert detail.startswith(words) and "no byte for 2 s" in detail
-    assert took < 60, f"took {took:.0f} s"
+    assert took < 180, f"took {took:.0f} s"                # not the 600 s request timeout
     assert not left_behind(tmp_path)
 
 

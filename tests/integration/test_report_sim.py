@@ -70,7 +70,7 @@ def test_the_study_database_opens_unchanged_in_optuna_dashboard(sim_study, tmp_p
                   "--host", "127.0.0.1", "--port", str(port)], tmp_path / "dashboard.log")
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", trust_env=False, timeout=10) as client:
-            for _ in range(150):
+            for _ in range(300):              # up to a minute for the dashboard to answer
                 try:
                     studies = client.get("/api/studies").json()["study_summaries"]
                     break

@@ -105,7 +105,8 @@ def _two_runs(autotune_run, monkeypatch, tmp_path: Path, spec: Path, hosts: tupl
         if hosts:
             monkeypatch.setenv("AUTOTUNE_HOST", hosts[i])
         runs.append(autotune_run(args, tmp_path))
-        time.sleep(1.0)
+        if i == 0:       # the second joins once the first has opened the study and asked for a trial
+            runs[0].wait_for(lambda ls: any(line.startswith("[trial") for line in ls), 180)
     return runs
 
 

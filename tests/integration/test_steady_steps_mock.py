@@ -47,8 +47,9 @@ async def test_each_step_counts_w_waves_and_the_result_carries_its_bracket():
             assert s.measurement.metrics["completed"] >= 3 * c and len(s.measurement.first_wave) == c
     lo, hi = r.bracket
     # 40 on a quiet box; the mock shares the client's cores, and scheduling delay only ever adds to TPOT,
-    # so a loaded box measures lower (34 seen in CI on two busy cores), never higher
-    assert lo == r.capacity and 28 <= lo <= 41
+    # so a loaded box measures lower (34 seen in CI on two busy cores; lower still when the client flags
+    # itself saturated), never higher
+    assert lo == r.capacity and lo <= 41 and (28 <= lo or "client_saturated" in r.flags)
     assert hi == min(s.load for s in r.steps if not s.slo_met)
     # the JSON keeps every step's numeric load; what the measurement offered sits beside it
     doc = json.loads(json.dumps(r.to_json()))
@@ -74,7 +75,8 @@ async def test_refinement_spends_extra_steps_until_the_bracket_is_narrow():
     wide = is_wide(((lo, 0.0), (hi, 0.0) if hi is not None else None), True, 1024, 0.25)
     assert ("wide_bracket" in r.flags) == wide
     if not wide:
-        assert hi is not None and (hi - lo) / lo <= 0.25 and 30 <= lo <= 44   # the truth, 40, under a loaded machine's noise
+        assert hi is not None and (hi - lo) / lo <= 0.25 and lo <= 44
+        assert 30 <= lo or "client_saturated" in r.flags      # the truth, 40, under a loaded machine's noise
 
 
 async def test_a_load_to_check_inside_the_bracket_gets_one_more_step_and_settles_it():
@@ -85,9 +87,16 @@ async def test_a_load_to_check_inside_the_bracket_gets_one_more_step_and_settles
         r = await find_capacity(url, "mock", W, TPOT, check=30, **coarse)
         below = await find_capacity(url, "mock", W, TPOT, check=1, **coarse)
     loads = [s.load for s in r.steps]
-    # three steps end coarse (1, ~11 met, ~44 broken: the truth is 40), with 30 inside; a fourth settles it
-    assert len(loads) == 4 and loads[-1] == 30 and 1 < loads[1] < 30 < loads[2], loads
-    assert 30 in r.bracket and (r.capacity == 30) == r.steps[-1].slo_met
+    # three steps end coarse (1, ~11 met, ~44 broken: the truth is 40), with 30 inside; a fourth settles it.
+    # A busy machine (the client flags itself saturated) reads a lower crossing: then the rule itself, on
+    # what the three steps measured: a fourth step at 30 exactly when 30 lies inside their bracket
+    coarse_met = max((s.load for s in r.steps[:3] if s.slo_met), default=None)
+    coarse_broken = min((s.load for s in r.steps[:3] if not s.slo_met), default=None)
+    inside = coarse_met is not None and coarse_met < 30 and (coarse_broken is None or 30 < coarse_broken)
+    assert (len(loads), loads[-1] == 30) == ((4, True) if inside else (3, False)), loads
+    if inside:
+        assert 30 in r.bracket and (r.capacity == 30) == r.steps[-1].slo_met
+    assert inside or "client_saturated" in r.flags, loads
     assert len(below.steps) == 3                       # a load at or below the bracket is settled already
 
 
@@ -138,6 +147,8 @@ def test_bench_resets_the_cache_and_marks_a_flattered_run(mock_in_thread, monkey
     text = capsys.readouterr().out
     assert code == 0 and "FLATTERED" in text and "40.0 %" in text
     data = json.loads(out.read_text())
-    assert data["measurement_flags"] == ["prefix_hits"] and data["load"]["cache_reset"] is True
+    # (and client_saturated, when the busy machine starved the client: its own flag, not this test's)
+    assert "prefix_hits" in data["measurement_flags"] and data["load"]["cache_reset"] is True
+    assert set(data["measurement_flags"]) <= {"prefix_hits", "client_saturated"}
     with urllib.request.urlopen(mock_in_thread + "/mock/resets") as resp:
         assert json.load(resp) == [True]                    # reset once, before the run

@@ -53,8 +53,10 @@ def test_timeout_stops_this_invocation_and_the_next_one_continues(autotune_run, 
     first = autotune_run(["run", "--study", str(spec), "--n-trials", "50", "--timeout", "25s", "--no-progress"], tmp_path)
     assert first.finish(120) == 0
     assert "stopped by timeout" in first.lines[-1]
-    done = [r for r in _evidence(tmp_path / "loop.db") if r[1] != "interrupted"]
-    assert 1 <= len(done) < 50
+    evidence = _evidence(tmp_path / "loop.db")
+    done = [r for r in evidence if r[1] != "interrupted"]
+    # trials finished in 25 s, or (a machine slow enough) the first one cut by the timeout and re-queued
+    assert len(done) < 50 and (len(done) >= 1 or [r[1] for r in evidence] == ["interrupted"]), evidence
     second = autotune_run(["run", "--study", str(spec), "--n-trials", str(len(done) + 1), "--no-progress"], tmp_path)
     assert second.finish(120) == 0, "\n".join(second.lines)
     assert len([r for r in _evidence(tmp_path / "loop.db") if r[1] != "interrupted"]) == len(done) + 1

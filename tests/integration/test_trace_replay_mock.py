@@ -63,7 +63,9 @@ async def test_time_scale_compresses_the_trace(tmp_path: Path) -> None:
     async with serve(build_app(MockConfig(mode="stream", itl_ms=1))) as url:
         m = await run_load(url, "mock", w)
     span = 5 * 0.6 + 7 * 0.05
-    assert send_offsets(m)[-1] == pytest.approx(0.5 * span, abs=0.02)
+    scheduled = sorted(r.scheduled_s for r in m.records)
+    assert scheduled[-1] - scheduled[0] == pytest.approx(0.5 * span, abs=1e-6)         # the schedule, compressed
+    assert send_offsets(m)[-1] == pytest.approx(0.5 * span, abs=0.02) or m.client.saturated   # the sends on it
     assert m.metrics["request_rate"] == pytest.approx(47 / (0.5 * span), rel=0.01)
 
 
@@ -104,7 +106,8 @@ async def test_capacity_by_rate_scaling_finds_where_the_batch_slots_run_out(tmp_
         r = await find_capacity(url, "mock", w, SLO.parse("ttft:p50<=150ms"), search="time_scale", max_steps=6,
                                 requests_per_step=200, warmup=2)
     assert r.mode == "time_scale" and r.capacity is not None
-    assert 2.3 < r.capacity < 3.6, [(s.load, s.slo_met) for s in r.steps]
+    assert r.capacity < 3.6, [(s.load, s.slo_met) for s in r.steps]   # a busy machine serves slower, never faster
+    assert 2.3 < r.capacity or "client_saturated" in r.flags, [(s.load, s.slo_met) for s in r.steps]
     replayed = [s for s in r.steps[1:]]
     assert all(s.measurement.load["time_scale"] == pytest.approx(1 / s.load) for s in replayed)
     assert all(s.measurement.load["num_requests"] == 38 for s in replayed)    # the trace once, after 2 warm-up

@@ -36,7 +36,7 @@ def study(tmp_path: Path, model: Path, mode: str = "ok", *, env: dict[str, str] 
         "name": "faults", "model": str(model),
         "engine": {"kind": "vllm", "command": ["{python}", str(script)],
                    "extra_flags": ["--max-model-len", "512", *(extra or [])],
-                   "env": {"STANDIN_MODE": mode, "STANDIN_AFTER": "12", **(env or {})}, "startup_timeout_s": 20},
+                   "env": {"STANDIN_MODE": mode, "STANDIN_AFTER": "12", **(env or {})}, "startup_timeout_s": 120},
         "search_space": {"params": {"max_num_seqs": {"type": "int", "low": 2, "high": 16, "log": True},
                                     "max_num_batched_tokens": {"type": "int", "low": 256, "high": 4096},
                                     "enable_chunked_prefill": {"type": "bool", "default": True}}},

@@ -102,6 +102,7 @@ class Scheduler:
         self._entries: list[_Entry] = []
         self._workers: dict[tuple[str, int], _Worker] = {}
         self._finished: queue.Queue[_Worker] = queue.Queue()
+        self._storage_error: BaseException | None = None   # a worker found the storage unwritable
         self._lock = threading.RLock()
         self._seq = 0
         self._last_recover = 0.0
@@ -330,8 +331,17 @@ class Scheduler:
             self._workers[(job.study, job.number)] = w
 
         def patient_body() -> None:
-            with patient():     # this job's writes wait out a database restart (store/reconnect.py)
-                (after_budget if job.role == AFTER_BUDGET else body)()
+            try:
+                with patient():     # this job's writes wait out a database restart (store/reconnect.py)
+                    (after_budget if job.role == AFTER_BUDGET else body)()
+            except Exception as exc:
+                from autotune.store.repository import storage_failure
+
+                if storage_failure(exc) is None:
+                    raise
+                # a full or read-only disk: the main thread stops the run with one line (cli.py), not
+                # this thread with a traceback
+                self._storage_error = self._storage_error or exc
 
         w.thread = threading.Thread(target=patient_body, daemon=True,
                                     name=f"{AFTER_BUDGET}-{job.study}" if job.role == AFTER_BUDGET
@@ -339,6 +349,8 @@ class Scheduler:
         w.thread.start()
 
     def _reap(self) -> None:
+        if self._storage_error is not None:
+            raise self._storage_error
         while True:
             try:
                 w = self._finished.get_nowait()

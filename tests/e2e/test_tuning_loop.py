@@ -71,7 +71,7 @@ def test_tune_kill_resume_show_export(autotune_run, servers_in, wait_until, tmp_
     # between: the third launch is not always trial 2.)
     first = autotune_run(args, tmp_path)
     first.wait_for(lambda ls: sum("waiting for /health" in l for l in ls) >= 3 and "waiting for /health" in ls[-1],
-                   timeout=420)
+                   timeout=1200)   # generous: three vLLM starts took over 420 s at a load average of 10
     def starting() -> list[psutil.Process]:     # trial 2's vLLM, far enough in its start to have its engine core
         found = servers_in(tmp_path, "vllm.entrypoints.openai.api_server")
         try:
@@ -88,7 +88,7 @@ def test_tune_kill_resume_show_export(autotune_run, servers_in, wait_until, tmp_
 
     # 2. The same command again: nothing of the killed run survives, the study goes on to 3 trials.
     second = autotune_run(args, tmp_path)
-    code = second.finish(timeout=600)
+    code = second.finish(timeout=1500)
     out = "\n".join(second.lines)
     assert code == 0, out
     assert not [p for p in victims if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]

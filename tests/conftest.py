@@ -295,7 +295,7 @@ def taken_port_first(monkeypatch: pytest.MonkeyPatch) -> Iterator[TakenPort]:
     race between choosing a free port and the server binding it); later ones are really free."""
     import socket
 
-    import autotune.daemon.pool as pool_module
+    import autotune.node.pool as pool_module
     import autotune.tuner.trial as trial_module
 
     holder = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

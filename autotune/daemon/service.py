@@ -1,7 +1,7 @@
 """The daemon's life: take queued studies into the scheduler, count their time, let them leave the
 queue, serve the status API, and drain on SIGTERM or Ctrl-C.
 
-The scheduler (daemon/scheduler.py) runs the trials in its own thread; this loop only looks at the
+The scheduler (node/scheduler.py) runs the trials in its own thread; this loop only looks at the
 queue every `--poll` seconds. An empty queue leaves the daemon idle, not exited. A study this host
 may not join (another GPU model, engine version or spec) is refused with one line in the log and left
 in the queue for the hosts that may; it is tried again only when it is resubmitted.
@@ -21,12 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from autotune.daemon.api import StatusServer, check_listen, read_token
-from autotune.daemon.heartbeat import Heartbeats
+from autotune.node.heartbeat import Heartbeats
 from autotune.daemon.metrics import BusyClock, prometheus
-from autotune.daemon.pool import GpuPool, host_name, parse_gpus
-from autotune.daemon.queue import CANCELLED, QUEUED, Entry, StudyQueue, create_tables
+from autotune.node.pool import GpuPool, host_name, parse_gpus
+from autotune.daemon.queue import CANCELLED, QUEUED, Entry, StudyQueue, create_tables, submit_to
 from autotune.daemon.resolve import spec_for_daemon
-from autotune.daemon.scheduler import Scheduler
+from autotune.node.scheduler import Scheduler
 from autotune.daemon.status import live_daemons, study_rows
 from autotune.errors import UserError
 from autotune.store.repository import ResultStore, sqlite_path
@@ -249,7 +249,6 @@ class Daemon:
                           draining=self.stop.is_set())
 
     def _submit(self, body: dict[str, Any]) -> dict[str, Any]:
-        from autotune.daemon.command import submit_to
         return submit_to(self.storage, body)
 
     def _cancel(self, body: dict[str, Any]) -> dict[str, Any]:

@@ -179,7 +179,7 @@ class ProcessRecord(Base):
 
 class HeartbeatRecord(Base):
     """A live process or running trial. `beat_at` is written with the database's clock and judged
-    against the same clock, so hosts with skewed clocks agree on what is stale (daemon/heartbeat.py)."""
+    against the same clock, so hosts with skewed clocks agree on what is stale (node/heartbeat.py)."""
 
     __tablename__ = "autotune_heartbeats"
     __table_args__ = (UniqueConstraint("kind", "key"),)

@@ -1,7 +1,7 @@
 """The steps a study runs once it has its trials, shared by `run` and `daemon`: the confirmation of the
 winners against the baseline (issue 11), and the daemon's report.
 
-They run as one job of the scheduler (daemon/scheduler.py): in a worker thread that holds a lease, so a
+They run as jobs of the scheduler (node/scheduler.py): in a worker thread that holds a lease, so a
 confirmation's fresh servers take GPUs the pool gave it (other studies keep scheduling beside it), and
 SIGINT/SIGTERM/--timeout/the daemon's drain interrupt it through the thread's gate like a trial. The
 repeats already stored are kept: the next `run` (or daemon) continues the confirmation.
@@ -13,7 +13,7 @@ import logging
 from pathlib import Path
 from typing import Callable
 
-from autotune.daemon.pool import Lease
+from autotune.node.pool import Lease
 from autotune.tuner.driver import BudgetStep, StudyDriver, layout_gpus
 from autotune.tuner.trial import Phase
 

@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from autotune.daemon.pool import Lease
+from autotune.node.pool import Lease
 from autotune.spec import StudySpec
 from autotune.store.models import StudyRecord, TrialRecord, utcnow
 from autotune.store.queries import is_feasible

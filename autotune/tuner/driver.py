@@ -28,8 +28,8 @@ from optuna.trial import TrialState
 from sqlalchemy.exc import OperationalError
 
 from autotune import causes
-from autotune.daemon.heartbeat import Heartbeats
-from autotune.daemon.pool import Lease, host_name
+from autotune.node.heartbeat import Heartbeats
+from autotune.node.pool import Lease, host_name
 from autotune.engine.base import Engine
 from autotune.engine.process import kill_leftovers
 from autotune.errors import UserError
@@ -42,14 +42,13 @@ from autotune.store.repository import ResultStore, sqlite_path
 from autotune.telemetry import headroom_violation
 from autotune.telemetry.base import TelemetrySource
 from autotune.tuner.host import hardware
-from autotune.tuner.interrupts import Interrupted
 from autotune.tuner.objectives import (failure_constraints, measured_constraints, pick,
                                        placeholder_values)
 from autotune.tuner import search_hooks
 from autotune.tuner.policy import counted
 from autotune.tuner.progress import Progress
 from autotune.tuner.sharing import (ask_baseline_first, claim, dead_owner_servers, first_to_create, gpu_model,
-                                    identity_conflict, make_sampler, overlapping, sampler_seed)
+                                    identity_conflict, make_sampler, overlapping)
 from autotune.tuner.trial import Phase, TrialOutcome, TrialRunner, outcome_evidence
 from autotune.tuner.workload_profile import store_workload_profile
 
@@ -417,7 +416,7 @@ class StudyDriver:
                           if role != "baseline" else [])
             job = TrialJob(study=self.spec.name, number=trial.number, trial_id=trial._trial_id, role=role,
                            params=params, flags=flags, n_gpus=layout_gpus([*self.fixed_flags, *flags]),
-                           exclusive=bool(getattr(self.spec, "exclusive", False)), violations=violations,
+                           exclusive=self.exclusive, violations=violations,
                            env=env, started_at=utcnow(), trial=trial)
             self._running[job.number] = job
             self.progress.trial_started(trial.number, role, self.complete_count(),
@@ -473,6 +472,15 @@ class StudyDriver:
                 self.heartbeats.untrack(str(job.trial_id))
         for hook in self.after_tell:
             hook(self, job, outcome)
+
+    def fail(self, job: TrialJob, cause: str, detail: str) -> None:
+        """The scheduler's own failures of a job (it needs more GPUs than the pool has; a bug in its thread)."""
+        self.finish(job, None, TrialOutcome("failed", cause, detail))
+
+    @property
+    def exclusive(self) -> bool:
+        """Nothing else runs on the node beside this study's jobs (the spec's `exclusive`)."""
+        return bool(getattr(self.spec, "exclusive", False))
 
     def interrupt(self, job: TrialJob, reason: str) -> None:
         """FAIL the trial (not counted), re-queue its parameters once, record it as interrupted."""
@@ -620,7 +628,4 @@ class StudyDriver:
         self.store.keep_series_only_for(self.record.id, keep)
 
 
-_first_to_create = first_to_create   # the name daemon/queue.py imports (moved to tuner/sharing.py)
-
-__all__ = ["BudgetStep", "StudyDriver", "StudyResult", "TrialJob", "expected_trial_s", "layout_gpus", "log_dir_for",
-           "make_sampler", "sampler_seed", "Interrupted"]
+__all__ = ["BudgetStep", "StudyDriver", "StudyResult", "TrialJob", "expected_trial_s", "layout_gpus", "log_dir_for"]

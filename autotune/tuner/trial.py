@@ -33,12 +33,12 @@ from autotune.spec import StudySpec
 from autotune.store.repository import ResultStore
 from autotune.telemetry import objectives as telemetry_objectives
 from autotune.telemetry.base import TelemetrySource, TelemetrySummary, TelemetryTarget
-from autotune.tuner.interrupts import current_gate, interruptible, run_async
-from autotune.daemon.heartbeat import process_create_time
-from autotune.daemon.pool import format_cpulist, host_name
+from autotune.node.interrupts import current_gate, interruptible, run_async
+from autotune.node.heartbeat import process_create_time
+from autotune.node.pool import format_cpulist, host_name
 
 if TYPE_CHECKING:
-    from autotune.daemon.pool import Lease
+    from autotune.node.pool import Lease
 
 
 @dataclass

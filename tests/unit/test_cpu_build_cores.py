@@ -12,7 +12,7 @@ from typing import Sequence
 import pytest
 
 import autotune.tuner.trial as trial_module
-from autotune.daemon.pool import Lease
+from autotune.node.pool import Lease
 from autotune.engine.base import Engine, EngineFailure, LaunchRequest, Server, StartupInfo
 from autotune.spec import build_spec
 from autotune.store.repository import ResultStore

@@ -23,14 +23,15 @@ import psutil
 _PR_SET_PDEATHSIG = 1
 
 
-def _parent_death_signal() -> None:
-    """Run in the child before exec: die with SIGTERM when the tuner dies, even by SIGKILL.
+def parent_death_signal(sig: int = signal.SIGTERM) -> None:
+    """Run in a child (a server before exec, a measurement worker first thing): receive `sig` when the
+    thread that started it dies, and with it the tuner, even by SIGKILL.
 
-    Linux only; elsewhere the child simply lacks this guard (kill_leftovers still covers it).
+    Linux only; elsewhere the child simply lacks this guard (kill_leftovers still covers servers).
     """
     try:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        libc.prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
     except OSError:
         pass
 
@@ -48,7 +49,7 @@ def _child_setup(cores: Sequence[int]) -> Callable[[], None]:
     """The child's pre-exec step: the parent-death signal, and the CPU cores it may run on (its
     children inherit them), so co-running trials do not compete for one core."""
     def setup() -> None:
-        _parent_death_signal()
+        parent_death_signal()
         if cores:
             try:
                 os.sched_setaffinity(0, cores)

@@ -87,6 +87,7 @@ class TrialRecord(Base):
     # Environment variables the candidate's env knobs set at launch (space/params.py `env`); the study's own
     # engine.env is not here (it may hold secrets).
     env: Mapped[dict[str, str] | None] = mapped_column(JSON, nullable=True)
+    client: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)       # measurement worker: pid, cpu_s, wall_s
 
 
 class ConfirmationRecord(Base):

@@ -101,7 +101,8 @@ def expected_trial_s(records: Sequence[Any]) -> float | None:
     most likely be cut off, wasting its startup and its slot: on a GPU host split into fixed-length
     sessions, or an overnight run that must end by morning, it is better to stop cleanly."""
     walls = sorted((r.finished_at - r.started_at).total_seconds() for r in records
-                   if r.state in ("ok", "failed") and r.cause not in (causes.CONSTRAINT, causes.PREDICTED_OOM)
+                   if r.state in ("ok", "failed")
+                   and r.cause not in (causes.CONSTRAINT, causes.PREDICTED_OOM, causes.WORKER_DIED)
                    and r.finished_at is not None and r.started_at is not None)
     if not walls:
         return None
@@ -336,9 +337,9 @@ class StudyDriver:
         if self.twin is not None and self.claim("warm_start"):
             self.warm = search_hooks.warm_start(self, self.progress)   # the twin's picks, once per study
 
-    def _requeue(self, params: dict[str, Any], role: str, number: int) -> None:
+    def _requeue(self, params: dict[str, Any], role: str, number: int, **attrs: Any) -> None:
         self.study.enqueue_trial(params, user_attrs={"role": role, "enqueued": sorted(params),
-                                                     "requeued_from": number})
+                                                     "requeued_from": number, **attrs})
 
     # -- counting -----------------------------------------------------------------------------------
     def complete_count(self) -> int:
@@ -460,7 +461,15 @@ class StudyDriver:
                                env=job.env)
 
     def finish(self, job: TrialJob, lease: Lease | None, outcome: TrialOutcome) -> None:
-        """Tell Optuna and store the evidence (thread-safe)."""
+        """Tell Optuna and store the evidence (thread-safe). A trial whose measurement worker died measured
+        nothing of the candidate: it is failed in our table and re-queued, not told (a candidate re-queued
+        that way whose worker dies again is told as failed, so that no candidate is re-run forever)."""
+        if outcome.cause == causes.WORKER_DIED and job.trial is not None \
+                and not job.trial.user_attrs.get("after_worker_died"):
+            self.interrupt(job, "its measurement worker died", state="failed", cause=causes.WORKER_DIED,
+                           detail=f"{outcome.detail}; parameters re-queued",
+                           evidence={"log_path": outcome.log_path, "log_tail": outcome.log_tail})
+            return
         with self._lock:
             try:
                 self._tell(job, outcome, lease)
@@ -482,8 +491,10 @@ class StudyDriver:
         """Nothing else runs on the node beside this study's jobs (the spec's `exclusive`)."""
         return bool(getattr(self.spec, "exclusive", False))
 
-    def interrupt(self, job: TrialJob, reason: str) -> None:
-        """FAIL the trial (not counted), re-queue its parameters once, record it as interrupted."""
+    def interrupt(self, job: TrialJob, reason: str, *, state: str = "interrupted", cause: str = causes.INTERRUPTED,
+                  detail: str | None = None, evidence: dict[str, Any] | None = None) -> None:
+        """FAIL the trial (not counted), re-queue its parameters once, record it as interrupted (or, for a
+        worker that died, as failed with that cause)."""
         with self._lock:
             try:
                 try:
@@ -491,11 +502,13 @@ class StudyDriver:
                 except _LOST_RACE:
                     pass
                 if self.claim(f"requeue:{job.number}"):
-                    self._requeue(job.params, job.role, job.number)
-                self.store.save_trial(self.record.id, job.number, state="interrupted", cause=causes.INTERRUPTED,
-                                      detail=f"stopped by {reason}; parameters re-queued", finished_at=utcnow(),
-                                      **self._overlap_fields(job))
-                self.progress.trial_finished(job.number, job.role, "interrupted", None, reason)
+                    self._requeue(job.params, job.role, job.number,
+                                  **({"after_worker_died": True} if cause == causes.WORKER_DIED else {}))
+                self.store.save_trial(self.record.id, job.number, state=state, cause=cause,
+                                      detail=detail or f"stopped by {reason}; parameters re-queued", finished_at=utcnow(),
+                                      **(evidence or {}), **self._overlap_fields(job))
+                self.progress.trial_finished(job.number, job.role, state, None,
+                                             reason if cause == causes.INTERRUPTED else f"{cause}: {reason}")
             finally:
                 self._running.pop(job.number, None)
                 assert self.heartbeats is not None

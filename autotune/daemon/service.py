@@ -22,7 +22,7 @@ from typing import Any
 
 from autotune.daemon.api import StatusServer, check_listen, read_token
 from autotune.node.heartbeat import Heartbeats
-from autotune.daemon.metrics import BusyClock, prometheus
+from autotune.daemon.metrics import BusyClock, Reading, registry_for, render
 from autotune.node.pool import GpuPool, host_name, parse_gpus
 from autotune.daemon.queue import CANCELLED, QUEUED, Entry, StudyQueue, create_tables, submit_to
 from autotune.daemon.resolve import spec_for_daemon
@@ -57,6 +57,8 @@ class Daemon:
         self.refused: dict[str, tuple[dt.datetime, str]] = {}   # name -> (submitted_at, why)
         self.busy = BusyClock(gpus)
         self.started_at = dt.datetime.now(dt.timezone.utc)
+        self._started = time.monotonic()
+        self.registry = registry_for(self._reading)     # this daemon's own Prometheus registry
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "Daemon":
@@ -239,14 +241,19 @@ class Daemon:
                 "scheduler": snap["studies"]}
 
     def metrics(self) -> str:
+        return render(self.registry)
+
+    def _reading(self) -> Reading:
+        """What a scrape reports: the queue's studies' trials (every host), this daemon's slots and jobs."""
         entries = self.queue.entries()
         trials = {}
         for e in entries:
             rec = self.store.study(e.name)
             if rec is not None:
                 trials[e.name] = self.store.trials(rec.id)
-        return prometheus(trials, self.busy.seconds(), host=self.host, queue_states=Counter(e.state for e in entries),
-                          draining=self.stop.is_set())
+        return Reading(trials, self.busy.seconds(), self.host, queue_states=Counter(e.state for e in entries),
+                       draining=self.stop.is_set(), uptime_s=time.monotonic() - self._started,
+                       running=len(self.scheduler.snapshot()["running"]))
 
     def _submit(self, body: dict[str, Any]) -> dict[str, Any]:
         return submit_to(self.storage, body)

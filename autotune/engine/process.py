@@ -8,7 +8,6 @@ signalling the whole group and then waiting until no member is left. Members tha
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import socket
@@ -20,21 +19,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 import psutil
 
-_PR_SET_PDEATHSIG = 1
-
-
-def parent_death_signal(sig: int = signal.SIGTERM) -> None:
-    """Run in a child (a server before exec, a measurement worker first thing): receive `sig` when the
-    thread that started it dies, and with it the tuner, even by SIGKILL.
-
-    Linux only; elsewhere the child simply lacks this guard (kill_leftovers still covers servers).
-    """
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
-    except OSError:
-        pass
-
+from autotune.prctl import parent_death_signal
 
 @dataclass(frozen=True)
 class ProcessRecord:

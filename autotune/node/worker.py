@@ -22,7 +22,6 @@ Messages are JSON objects with a `kind`, one per frame, over a `multiprocessing.
 
 from __future__ import annotations
 
-import ctypes
 import importlib
 import json
 import multiprocessing
@@ -32,12 +31,9 @@ import threading
 from multiprocessing.connection import Connection
 from typing import Any, Sequence
 
-from pydantic import BaseModel
-
-from autotune.engine.process import parent_death_signal
+from autotune.prctl import parent_death_signal, set_name
 
 PROCESS_NAME = "autotune-worker"     # what `ps -o comm` and psutil's name() show
-_PR_SET_NAME = 15
 _CONTEXT = multiprocessing.get_context("spawn")
 
 
@@ -58,8 +54,10 @@ class WorkerDied(RuntimeError):
         super().__init__(f"measurement worker (pid {pid}) {how} before it reported")
 
 
-def _encode(message: BaseModel | dict[str, Any]) -> bytes:
-    if isinstance(message, BaseModel):
+def _encode(message: Any) -> bytes:
+    """A pydantic model (its own JSON) or a plain dict. (Not importing pydantic here keeps the worker's
+    first steps, before its parent-death signal is set, short.)"""
+    if hasattr(message, "model_dump_json"):
         return message.model_dump_json().encode()
     return json.dumps(message).encode()
 
@@ -72,7 +70,7 @@ class Channel:
         self._conn = conn
         self._lock = threading.Lock()
 
-    def send(self, message: BaseModel | dict[str, Any]) -> None:
+    def send(self, message: Any) -> None:
         data = _encode(message)
         with self._lock:
             self._conn.send_bytes(data)
@@ -92,6 +90,7 @@ class Worker:
         self._process: Any = None
         self._send_lock = threading.Lock()
         self.stop_sent = False
+        self.asked = False          # a request was sent: on close, it gets time to answer a stop
 
     def start(self) -> "Worker":
         """Spawn the process (returns at once; the child boots beside whatever the caller does next)."""
@@ -110,8 +109,12 @@ class Worker:
     def alive(self) -> bool:
         return self._process is not None and self._process.is_alive()
 
-    def send(self, message: BaseModel | dict[str, Any]) -> None:
-        """Raises WorkerDied when the worker is gone."""
+    def send(self, message: Any) -> None:
+        """A pydantic model or a dict; raises WorkerDied when the worker is gone."""
+        self.asked = True
+        self._send(message)
+
+    def _send(self, message: Any) -> None:
         assert self._conn is not None, "start() first"
         try:
             with self._send_lock:
@@ -123,7 +126,7 @@ class Worker:
         """Ask the worker to stop (it answers with its own final message); a worker already gone is fine."""
         self.stop_sent = True
         try:
-            self.send({"kind": "stop", "reason": reason})
+            self._send({"kind": "stop", "reason": reason})
         except WorkerDied:
             pass
 
@@ -148,10 +151,11 @@ class Worker:
         return WorkerDied(self.pid, self._process.exitcode if self._process is not None else None)
 
     def close(self, grace_s: float = 5.0) -> None:
-        """Stop the worker (asked first, killed after `grace_s`) and reap it. Safe to call twice."""
+        """Stop the worker (asked first, killed after `grace_s`; at once when it was never asked for
+        anything: it holds nothing) and reap it. Safe to call twice."""
         if self._process is None:
             return
-        if self._process.is_alive():
+        if self._process.is_alive() and self.asked:
             self.request_stop("closed")
             self._process.join(timeout=grace_s)
         if self._process.is_alive():
@@ -169,11 +173,7 @@ def _child_main(conn: Connection, target: str, cores: tuple[int, ...], parent_pi
     parent_death_signal(signal.SIGKILL)
     if os.getppid() != parent_pid:          # the parent died before the signal was asked for
         os._exit(1)
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(_PR_SET_NAME, PROCESS_NAME.encode()[:15], 0, 0, 0)
-    except OSError:
-        pass
+    set_name(PROCESS_NAME)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if cores and hasattr(os, "sched_setaffinity"):
         try:

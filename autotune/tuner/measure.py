@@ -13,6 +13,7 @@ after a trial's last step never throws its measurement away (issue 22).
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import traceback
@@ -22,8 +23,20 @@ from typing import Any, Callable, Literal, Sequence
 
 from pydantic import BaseModel
 
+# What the worker runs, imported when it boots (beside the server's start), not after the request came:
+from autotune.bench import find_capacity, parse_workload, run_load
+from autotune.bench import measurement_flags as mflags
+from autotune.bench.client import stalled_requests
+from autotune.bench.step_bounds import ServerLimits
+from autotune.engine.logwatch import JitWatch
+from autotune.errors import UserError
 from autotune.node.interrupts import Gate, Interrupted, current_gate, interruptible, run_async, set_gate
 from autotune.node.worker import Channel, Worker
+from autotune.slo import SLO
+from autotune.spec import LoadSpec
+from autotune.telemetry import get_source
+from autotune.telemetry.base import TelemetryTarget
+from autotune.tuner.earlystop import EarlyStop
 
 TARGET = "autotune.tuner.measure:serve"
 STOP_ANSWER_S = 15.0      # a worker told to stop answers at once, or at the latest when its step ends
@@ -220,12 +233,6 @@ class _Run:
         self.channel.send(PhaseLine(text=text))
 
     def measure(self) -> Measured:
-        import os
-
-        from autotune.errors import UserError
-        from autotune.telemetry import get_source
-        from autotune.telemetry.base import TelemetryTarget
-
         req = self.request
         t = req.telemetry
         sampler = get_source(t.source).sampler(TelemetryTarget(server_pid=t.server_pid, gpus=list(t.gpus),
@@ -253,15 +260,6 @@ class _Run:
     def _load(self) -> tuple[Any, dict[str, Any] | None, int, dict[str, float] | None]:
         """(measurement, the search's record, stalled requests, early-stop bound): the load as the trial
         runner ran it in its own thread before (same phase texts, same record)."""
-        from autotune.bench import find_capacity, parse_workload, run_load
-        from autotune.bench import measurement_flags as mflags
-        from autotune.bench.client import stalled_requests
-        from autotune.bench.step_bounds import ServerLimits
-        from autotune.engine.logwatch import JitWatch
-        from autotune.slo import SLO
-        from autotune.spec import LoadSpec
-        from autotune.tuner.earlystop import EarlyStop
-
         req = self.request
         load, workload, slo = LoadSpec(**req.load), parse_workload(req.workload), SLO.parse(req.slo)
         if load.mode == "fixed":

@@ -6,41 +6,13 @@ is certain."""
 
 from __future__ import annotations
 
-import asyncio
 import threading
-from typing import Iterator
 
 import pytest
 
-from autotune.bench.mockserver import MockConfig, build_app, serve
 from autotune.node.interrupts import Gate, Interrupted, interruptible, set_gate
 from autotune.node.worker import Worker
 from autotune.tuner.measure import TARGET, MeasureRequest, TelemetryRequest, measure
-
-
-@pytest.fixture()
-def mock_url() -> Iterator[str]:
-    """The mock server (capacity 40 streams at this TPOT limit) on its own loop in a thread."""
-    ready, box = threading.Event(), {}
-
-    def main() -> None:
-        loop = asyncio.new_event_loop()
-
-        async def run() -> None:
-            done = asyncio.Event()
-            async with serve(build_app(MockConfig(mode="batch", step_ms=2, per_seq_ms=0.25))) as url:
-                box.update(url=url, done=done, loop=loop)
-                ready.set()
-                await done.wait()
-
-        loop.run_until_complete(run())
-
-    t = threading.Thread(target=main, daemon=True)
-    t.start()
-    assert ready.wait(30)
-    yield box["url"]
-    box["loop"].call_soon_threadsafe(box["done"].set)
-    t.join(30)
 
 
 def _request(url: str, tmp_path, max_steps: int) -> MeasureRequest:
@@ -82,21 +54,61 @@ def _run(request: MeasureRequest, interrupt_at_step: int | None) -> tuple[list[s
     return lines, box["result"]
 
 
-def test_the_measurement_comes_back_with_its_phase_lines_and_the_clients_cpu(mock_url: str, tmp_path) -> None:
-    lines, got = _run(_request(mock_url, tmp_path, 3), None)
+def test_the_measurement_comes_back_with_its_phase_lines_and_the_clients_cpu(mock_in_thread: str, tmp_path) -> None:
+    lines, got = _run(_request(mock_in_thread, tmp_path, 3), None)
     assert lines[0] == "capacity search by concurrency" and all(x.startswith("capacity search") for x in lines)
     assert got.kind == "measured" and got.error is None and got.capacity["capacity"] is not None
     assert len(got.capacity["steps"]) == 3 and got.measurement["records"]
     assert got.telemetry["source"] == "none" and got.client.cpu_s > 0 and got.client.wall_s > 0
 
 
-def test_an_interrupt_after_the_last_step_keeps_the_measurement(mock_url: str, tmp_path) -> None:
-    lines, got = _run(_request(mock_url, tmp_path, 2), interrupt_at_step=2)
+def test_an_interrupt_after_the_last_step_keeps_the_measurement(mock_in_thread: str, tmp_path) -> None:
+    lines, got = _run(_request(mock_in_thread, tmp_path, 2), interrupt_at_step=2)
     assert not isinstance(got, Interrupted), lines
     assert got.kind == "measured" and len(got.capacity["steps"]) == 2
 
 
-def test_an_interrupt_while_steps_remain_stops_the_worker(mock_url: str, tmp_path) -> None:
-    lines, got = _run(_request(mock_url, tmp_path, 6), interrupt_at_step=1)
+def test_an_interrupt_while_steps_remain_stops_the_worker(mock_in_thread: str, tmp_path) -> None:
+    lines, got = _run(_request(mock_in_thread, tmp_path, 6), interrupt_at_step=1)
     assert isinstance(got, Interrupted) and got.reason == "timeout", lines
     assert sum("capacity search: concurrency" in x for x in lines) <= 2   # the step running then, at most
+
+
+class _Channel:
+    """The worker's pipe, in this process: records what is sent; `on_phase` sees each phase line."""
+
+    def __init__(self, on_phase) -> None:
+        self.sent: list = []
+        self.on_phase = on_phase
+
+    def send(self, message) -> None:
+        self.sent.append(message)
+        if message.kind == "phase":
+            self.on_phase([m.text for m in self.sent if m.kind == "phase"])
+
+    def recv(self) -> dict:
+        raise EOFError
+
+
+@pytest.mark.parametrize("max_steps, stop_at, kept", [(2, 2, True), (4, 1, False)])
+def test_the_workers_rule_for_a_stop_that_comes_as_a_step_reports(mock_in_thread: str, tmp_path, max_steps: int,
+                                                                  stop_at: int, kept: bool) -> None:
+    """The worker's measurement run here, the stop delivered from inside the step's report (as if the
+    parent's message arrived at that instant): after the last step the search is kept; after an earlier
+    step the next step never runs and the measurement is Interrupted."""
+    from autotune.tuner.measure import _Run
+
+    def on_phase(lines: list[str]) -> None:
+        if sum("capacity search: concurrency" in x for x in lines) == stop_at:
+            run.request_stop("timeout")
+
+    channel = _Channel(on_phase)
+    run = _Run(_request(mock_in_thread, tmp_path, max_steps), channel)
+    if kept:
+        got = run.measure()
+        assert got.kind == "measured" and len(got.capacity["steps"]) == max_steps
+    else:
+        with pytest.raises(Interrupted):
+            run.measure()
+        steps = [m for m in channel.sent if m.kind == "phase" and "capacity search: concurrency" in m.text]
+        assert len(steps) == stop_at

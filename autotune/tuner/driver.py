@@ -7,8 +7,9 @@ Extension points for other parts of the tuner (docs/SCHEDULER.md, "Hooks"):
   that returns a TrialOutcome rejects it (told as failed, never launched).
 - `after_tell`: steps run after every trial is told (e.g. a warm start once the baseline is in).
 - `after_budget`: steps run once when the study reaches its trials (the confirmation of the winner,
-  the daemon's report), as one job of the scheduler: in a worker thread holding a lease, interruptible
-  like a trial; the driver is closed after that job ends.
+  the daemon's report), as jobs of the scheduler (tuner/budget.py): in job threads holding leases,
+  interruptible like trials, a step's parts (the confirmation's rounds) at once when slots are free; the
+  driver is closed after they end.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from autotune.tuner.policy import counted
 from autotune.tuner.progress import Progress
 from autotune.tuner.sharing import (ask_baseline_first, claim, dead_owner_servers, first_to_create, gpu_model,
                                     identity_conflict, make_sampler, overlapping)
+from autotune.tuner.budget import AfterBudget, BudgetStep
 from autotune.tuner.trial import Phase, TrialOutcome, TrialRunner, outcome_evidence
 from autotune.tuner.workload_profile import store_workload_profile
 
@@ -82,17 +84,6 @@ class TrialJob:
 
 LaunchCheck = Callable[["StudyDriver", TrialJob], "TrialOutcome | None"]
 TellHook = Callable[["StudyDriver", TrialJob, TrialOutcome], None]
-
-
-@dataclass
-class BudgetStep:
-    """One after-budget step. `run(driver, lease, phase)` runs in the scheduler's worker thread with the
-    job's lease (a confirmation's servers take its GPUs, ports and cores); `n_gpus(driver)`, when given,
-    is how many GPUs it needs (the largest layout it will launch), asked when the job is about to lease."""
-
-    name: str
-    run: Callable[["StudyDriver", Lease, Phase], None]
-    n_gpus: Callable[["StudyDriver"], int] | None = None
 
 
 def expected_trial_s(records: Sequence[Any]) -> float | None:
@@ -164,8 +155,9 @@ class StudyDriver:
         self.before_launch: list[LaunchCheck] = []
         self.after_tell: list[TellHook] = []
         self.after_budget: list[BudgetStep] = []
-        self.after_budget_started = False     # the scheduler took the after-budget job (it runs once)
+        self.after_budget_started = False     # the scheduler took an after-budget job
         self.after_budget_finished = False    # ended for good: every step returned, or an error was logged
+        self._budget = AfterBudget(self)      # its steps' parts as they are handed out (tuner/budget.py)
         #                                       (not when interrupted: the next run continues them)
         self._running: dict[int, TrialJob] = {}
         self._lock = threading.RLock()
@@ -596,26 +588,25 @@ class StudyDriver:
         return out
 
     def after_budget_due(self) -> bool:
-        """The after-budget steps are still to run here: the study reached its trials (not stopped, not
-        cancelled) and the scheduler has not taken them yet."""
-        return (self._opened and bool(self.after_budget) and not self.after_budget_started
-                and self.stop_reason is None and not self.cancelled and not self._running and self.budget_reached())
+        """An after-budget job may start now: the study reached its trials (not stopped, not cancelled),
+        none of its trials runs here, and a part of its steps is waiting (the confirmation's rounds are
+        parts: with free slots, several run at once)."""
+        return (self._opened and bool(self.after_budget) and not self.after_budget_finished
+                and self.stop_reason is None and not self.cancelled and not self._running and self.budget_reached()
+                and self._budget.ready())
 
     def after_budget_gpus(self) -> int:
-        """GPUs the after-budget job leases: the largest its steps ask for, else the study's usual layout."""
-        return max([s.n_gpus(self) for s in self.after_budget if s.n_gpus is not None] or [self.usual_gpus()])
+        """GPUs the next after-budget job leases: what its part asks for (the largest layout it launches)."""
+        return self._budget.next_gpus()
 
     def usual_gpus(self) -> int:
         """The study's own layout: the fixed flags with the baseline's."""
         return layout_gpus([*self.fixed_flags, *mapping_to_flags(self.spec.baseline or {})])
 
     def run_after_budget(self, lease: Lease, phase: Phase) -> None:
-        """Worker thread: the steps in order. Interrupted propagates (the scheduler records it as the stop
-        reason); rows the steps already stored stay, so the next run continues where this one stopped."""
-        self.after_budget_started = True
-        for step in self.after_budget:
-            step.run(self, lease, phase)
-        self.after_budget_finished = True
+        """Job thread: the next part of the steps. Interrupted propagates (the scheduler records it as the
+        stop reason); rows the steps already stored stay, so the next run continues where this one stopped."""
+        self._budget.run_next(lease, phase)
 
     def close(self) -> StudyResult:
         """Keep the best series and stop beating for this study. The after-budget steps ran before, as
@@ -641,4 +632,4 @@ class StudyDriver:
         self.store.keep_series_only_for(self.record.id, keep)
 
 
-__all__ = ["BudgetStep", "StudyDriver", "StudyResult", "TrialJob", "expected_trial_s", "layout_gpus", "log_dir_for"]
+__all__ = ["StudyDriver", "StudyResult", "TrialJob", "expected_trial_s", "layout_gpus", "log_dir_for"]

@@ -1,17 +1,19 @@
-"""One scheduler behind `run` and `daemon`: studies by priority lease disjoint GPU sets from the pool,
-each trial runs in its own worker thread, and signals reach every running trial.
+"""One scheduler behind `run` and `daemon`: job sources (a study's driver, node/jobs.py) by priority lease
+disjoint GPU sets from the pool, each job runs in its own job thread (the trial's measurement then in a
+worker process of its own, node/worker.py), and signals reach every running job. It knows jobs, not
+studies: nothing here imports the tuner.
 
 Rules (docs/SCHEDULER.md): higher priority first, round robin within a priority; no pre-emption of a
 running trial; a candidate is asked for only when a slot is free (so it is chosen with every result
 known so far); head-of-line reservation: when the first study in line has a candidate that does not
 fit the free slots, nothing behind it leases until it fits, so a large layout is not starved by a
-stream of small ones (no backfill: trial lengths are not known in advance). A worker thread lives exactly as
-long as its trial, which is what the servers' parent-death signal needs (engine/process.py).
+stream of small ones (no backfill: trial lengths are not known in advance). A job thread lives exactly as
+long as its job, which is what the servers' and workers' parent-death signal needs.
 
-A study's after-budget steps (its confirmation, the daemon's report) are one more job of the same kind:
-once the study is done, it waits in line for a lease (the GPUs its repeats need), runs in a worker
-thread behind a gate, and the study is closed only after it ends. The main loop never blocks on it.
-"""
+A study's after-budget work (its confirmation's rounds, the daemon's report) is more jobs of the same
+kind: once the study is done, each waits in line for a lease (the GPUs its repeats need), runs in a job
+thread behind a gate, and the study is closed only after the last one ends. The main loop never blocks
+on them."""
 
 from __future__ import annotations
 

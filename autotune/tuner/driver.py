@@ -157,8 +157,8 @@ class StudyDriver:
         self.after_budget: list[BudgetStep] = []
         self.after_budget_started = False     # the scheduler took an after-budget job
         self.after_budget_finished = False    # ended for good: every step returned, or an error was logged
-        self._budget = AfterBudget(self)      # its steps' parts as they are handed out (tuner/budget.py)
         #                                       (not when interrupted: the next run continues them)
+        self._budget = AfterBudget(self)      # its steps' parts as they are handed out (tuner/budget.py)
         self._running: dict[int, TrialJob] = {}
         self._lock = threading.RLock()
         self._own_heartbeats = False

@@ -20,13 +20,6 @@ from autotune.tuner.measure import TARGET
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _until(pred, timeout: float, what: str) -> None:
-    end = time.monotonic() + timeout
-    while not pred():
-        assert time.monotonic() < end, what
-        time.sleep(0.05)
-
-
 def _name(pid: int) -> str:
     try:
         return psutil.Process(pid).name()
@@ -34,17 +27,14 @@ def _name(pid: int) -> str:
         return ""
 
 
-def test_a_worker_is_pinned_named_and_answers_a_stop_before_any_request() -> None:
+def test_a_worker_is_pinned_named_and_answers_a_stop_before_any_request(wait_until) -> None:
     cores = sorted(os.sched_getaffinity(0))[:1]
     w = Worker(TARGET, cores=cores).start()
     try:
-        _until(lambda: _name(w.pid) == PROCESS_NAME, 60, "the worker never named itself")
+        wait_until(lambda: _name(w.pid) == PROCESS_NAME, 60, "the worker to name itself")
         assert sorted(psutil.Process(w.pid).cpu_affinity()) == cores
         w.request_stop("SIGTERM")
-        msg = None
-        end = time.monotonic() + 60
-        while msg is None and time.monotonic() < end:
-            msg = w.poll(0.2)
+        msg = wait_until(lambda: w.poll(0.2), 60, "the worker's answer")
         assert msg == {"kind": "stopped", "reason": "SIGTERM"}
         pid = w.pid
     finally:
@@ -52,10 +42,10 @@ def test_a_worker_is_pinned_named_and_answers_a_stop_before_any_request() -> Non
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
 
 
-def test_a_killed_worker_is_a_worker_died_with_its_signal() -> None:
+def test_a_killed_worker_is_a_worker_died_with_its_signal(wait_until) -> None:
     w = Worker(TARGET).start()
     try:
-        _until(lambda: _name(w.pid) == PROCESS_NAME, 60, "the worker never started")
+        wait_until(lambda: _name(w.pid) == PROCESS_NAME, 60, "the worker to start")
         os.kill(w.pid, signal.SIGKILL)
         with pytest.raises(WorkerDied) as died:
             end = time.monotonic() + 30
@@ -66,7 +56,7 @@ def test_a_killed_worker_is_a_worker_died_with_its_signal() -> None:
         w.close()
 
 
-def test_a_worker_dies_with_its_parent() -> None:
+def test_a_worker_dies_with_its_parent(wait_until) -> None:
     """The daemon killed outright takes its workers along (PR_SET_PDEATHSIG, asked by the worker)."""
     code = ("import sys, time; from autotune.node.worker import Worker; from autotune.tuner.measure import TARGET; "
             "w = Worker(TARGET).start(); print(w.pid, flush=True); time.sleep(600)")
@@ -75,11 +65,11 @@ def test_a_worker_dies_with_its_parent() -> None:
     try:
         assert parent.stdout is not None
         pid = int(parent.stdout.readline())
-        _until(lambda: _name(pid) == PROCESS_NAME, 60, "the worker never started")
+        wait_until(lambda: _name(pid) == PROCESS_NAME, 60, "the worker to start")
         parent.kill()
         parent.wait(timeout=30)
-        _until(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, 30,
-               "the worker outlived its parent")
+        wait_until(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, 30,
+                   "the worker to die with its parent")
     finally:
         if parent.poll() is None:
             os.killpg(parent.pid, signal.SIGKILL)

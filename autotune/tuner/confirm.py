@@ -23,6 +23,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+from sqlalchemy.exc import IntegrityError
+
 from autotune import causes
 from autotune.node.pool import Lease
 from autotune.spec import StudySpec
@@ -106,13 +108,17 @@ def run_round(spec: StudySpec, store: ResultStore, study: StudyRecord, runner: T
     cores, recorded on every row). A repeat that would not finish before `deadline` is not started
     (`stopped_by` "timeout", `pending` what is left of the round). A repeat whose measurement worker died
     measured nothing: it is not stored, so the next call runs it. Interrupts propagate after the running
-    server is stopped; the rows stored so far stay."""
+    server is stopped; the rows stored so far stay. Several processes may confirm one study (they share
+    its storage): a repeat another one has stored since the plan is skipped, and one it stores while this
+    one measures is kept (theirs), not an error."""
     done = 0
     for n, (pos, t) in enumerate(rnd.repeats):
         if deadline is not None:
             left = deadline - time.monotonic()
             if left <= 0 or left < expected_s:
                 return ConfirmResult(done, len(rnd.repeats) - n, "timeout")
+        if _stored(store, study, t, rnd.number):
+            continue
         say(f"[confirm {rnd.number + 1}/{repeats}] trial {t.number} ({t.role}), seed {rnd.seed}")
         started = utcnow()
         outcome = runner.run(t.number, t.flags, [], phase, lease=lease, seed=rnd.seed, env=t.env or {},
@@ -123,14 +129,25 @@ def run_round(spec: StudySpec, store: ResultStore, study: StudyRecord, runner: T
                 f"the next run repeats it")
             continue
         row = _row(spec, outcome)
-        store.save_confirmation(study_id=study.id, trial_id=t.id, round=rnd.number, position=pos, seed=rnd.seed,
-                                started_at=started, finished_at=utcnow(),
-                                lease=lease.to_json() if lease is not None else None, **row)
+        try:
+            store.save_confirmation(study_id=study.id, trial_id=t.id, round=rnd.number, position=pos,
+                                    seed=rnd.seed, started_at=started, finished_at=utcnow(),
+                                    lease=lease.to_json() if lease is not None else None, **row)
+        except IntegrityError:
+            if not _stored(store, study, t, rnd.number):
+                raise
+            say(f"[confirm {rnd.number + 1}/{repeats}] trial {t.number}: another process stored this repeat "
+                f"meanwhile; its row is kept")
+            continue
         done += 1
         shown = ", ".join(f"{k}={v:.4g}" for k, v in row["objectives"].items())
         say(f"[confirm {rnd.number + 1}/{repeats}] trial {t.number}: {row['state']}"
             + (f" ({row['cause']})" if row["cause"] else "") + (f": {shown}" if shown else ""))
     return ConfirmResult(done, 0, None)
+
+
+def _stored(store: ResultStore, study: StudyRecord, trial: TrialRecord, round_: int) -> bool:
+    return any(r.trial_id == trial.id and r.round == round_ for r in store.confirmations(study.id))
 
 
 def stopped_line(left: int) -> str:

@@ -3,7 +3,8 @@
 SIMULATED: every trial launches the labelled twin (`autotune sim-serve`) for benchmarks/scale/scenario.yaml
 on a virtual slot. One `autotune daemon` with SLOTS slots works a queue on a throwaway PostgreSQL server
 (autotune/store/pgserver.py) for MINUTES; studies are submitted so that the queue never runs dry before
-then. Every FAULT_EVERY seconds (jittered, from a seeded draw) one fault is chosen at random:
+then. Every FAULT_EVERY seconds (jittered, from a seeded draw) one fault is chosen at random, each
+kind once in every four faults:
 
 - `server`: SIGKILL of one running `sim-serve` (the trial fails with its cause, the study goes on);
 - `worker`: SIGKILL of one measurement worker (`autotune-worker`: the trial is `failed`, `worker_died`,
@@ -188,6 +189,7 @@ class Soak:
             started = time.monotonic()
             end = started + args.minutes * 60
             next_fault = started + self.rng.uniform(0.5, 1.5) * args.fault_every
+            deck: list[str] = []
             while True:
                 now = time.monotonic()
                 try:
@@ -205,7 +207,9 @@ class Soak:
                     self.say("the queue did not finish in time")
                     break
                 if now >= next_fault and now < end:
-                    self.faults.append(self.fault(self.rng.choice(FAULTS)))
+                    if not deck:            # every kind once per four faults, in a seeded random order
+                        deck = self.rng.sample(FAULTS, len(FAULTS))
+                    self.faults.append(self.fault(deck.pop()))
                     next_fault = now + self.rng.uniform(0.5, 1.5) * args.fault_every
                 assert self.daemon is not None
                 if self.daemon.poll() is not None:

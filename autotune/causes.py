@@ -12,6 +12,7 @@ INTERRUPTED = "interrupted"          # Ctrl-C / SIGTERM of autotune during the t
 CLIENT_SATURATED = "client_saturated"  # the load generator itself was the bottleneck
 CONSTRAINT = "constraint"            # broke a known constraint between parameters: never launched
 EARLY_STOPPED = "early_stopped"      # capacity search ended once the front dominated its bound (never exported)
+WORKER_DIED = "worker_died"          # the measurement worker process died (killed, out of memory): re-queued
 
 ALL = (STARTUP_OOM, KV_TOO_SMALL, RUNTIME_OOM, BAD_FLAG, BAD_CONFIG, STARTUP_TIMEOUT, CRASH, PREDICTED_OOM,
-       INTERRUPTED, CLIENT_SATURATED, CONSTRAINT, EARLY_STOPPED)
+       INTERRUPTED, CLIENT_SATURATED, CONSTRAINT, EARLY_STOPPED, WORKER_DIED)

@@ -295,7 +295,7 @@ def taken_port_first(monkeypatch: pytest.MonkeyPatch) -> Iterator[TakenPort]:
     race between choosing a free port and the server binding it); later ones are really free."""
     import socket
 
-    import autotune.daemon.pool as pool_module
+    import autotune.node.pool as pool_module
     import autotune.tuner.trial as trial_module
 
     holder = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -376,3 +376,34 @@ def _wait_until(condition: Any, timeout: float = 60.0, what: Any = "the conditio
 def wait_until():
     """`wait_until(condition, timeout=60, what=...)`: see _wait_until."""
     return _wait_until
+
+
+@pytest.fixture()
+def mock_in_thread() -> Iterator[str]:
+    """The mock server (batch model: 2 ms a step + 0.25 ms a sequence) on its own event loop in a thread,
+    for code that runs asyncio itself or in another process; yields its base URL."""
+    import asyncio
+    import threading
+
+    from autotune.bench.mockserver import MockConfig, build_app, serve
+
+    ready, box = threading.Event(), {}
+
+    def main() -> None:
+        loop = asyncio.new_event_loop()
+
+        async def run() -> None:
+            done = asyncio.Event()
+            async with serve(build_app(MockConfig(mode="batch", step_ms=2, per_seq_ms=0.25))) as url:
+                box.update(url=url, done=done, loop=loop)
+                ready.set()
+                await done.wait()
+
+        loop.run_until_complete(run())
+
+    t = threading.Thread(target=main, daemon=True)
+    t.start()
+    assert ready.wait(30)
+    yield box["url"]
+    box["loop"].call_soon_threadsafe(box["done"].set)
+    t.join(30)

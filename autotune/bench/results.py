@@ -70,6 +70,16 @@ class Measurement:
         return {"requests": len(self.first_wave), "failed": int(x["failed"]),
                 **{k: x[k] for k in ("median_ttft_ms", "p99_ttft_ms", "median_tpot_ms") if k in x}}
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Measurement":
+        """The inverse of `dataclasses.asdict(m)`: how a measurement comes back from the worker process
+        that took it (tuner/measure.py), request records included."""
+        return cls(metrics=dict(data["metrics"]), records=[RequestRecord(**r) for r in data.get("records", [])],
+                   client=ClientHealth(**data.get("client", {})), load=dict(data.get("load", {})),
+                   aborted_early=bool(data.get("aborted_early")),
+                   first_wave=[RequestRecord(**r) for r in data.get("first_wave", [])],
+                   flags=list(data.get("flags", [])))
+
     def to_json(self, with_records: bool = True) -> dict[str, Any]:
         out: dict[str, Any] = {**self.metrics, "load": self.load, "client": asdict(self.client),
                                "aborted_early": self.aborted_early, "measurement_flags": list(self.flags),

@@ -64,30 +64,12 @@ def submit_main(argv: Sequence[str]) -> int:
         _call(args, "POST", "/submit", body)
         where = args.url
     else:
+        from autotune.daemon.queue import submit_to
         submit_to(args.storage, body)
         where = mask_url(args.storage)
     budget = f", time budget {r.time_budget_s:.0f} s" if r.time_budget_s else ""
     print(f"queued {r.name}: {r.n_trials} trial(s), priority {args.priority}{budget}; {where}")
     return 0
-
-
-def submit_to(storage: str, body: dict[str, Any]) -> dict[str, Any]:
-    """Queue a resolved spec (what `submit --storage` and the daemon's POST /submit both do)."""
-    from autotune.daemon.queue import StudyQueue, create_tables
-    from autotune.spec import build_spec
-
-    if not isinstance(body.get("spec"), dict) or not isinstance(body.get("name"), str):
-        raise UserError("submit: needs name and spec")
-    build_spec(dict(body["spec"], storage=None), f"submitted spec {body['name']}")   # still a valid spec
-    try:
-        priority, n_trials = int(body.get("priority") or 0), int(body["n_trials"])
-        budget = None if body.get("time_budget_s") is None else float(body["time_budget_s"])
-    except (KeyError, TypeError, ValueError):
-        raise UserError("submit: priority, n_trials and time_budget_s must be numbers") from None
-    create_tables(storage)
-    e = StudyQueue(storage).submit(body["name"], body["spec"], priority=priority, n_trials=n_trials,
-                                   time_budget_s=budget)
-    return {"queued": e.name, "priority": e.priority, "n_trials": e.n_trials}
 
 
 def cancel_main(argv: Sequence[str]) -> int:

@@ -1,21 +1,38 @@
-"""The daemon's `/metrics` in Prometheus' text format: trials by state and cause, seconds each GPU
-slot was busy, and a histogram of trial wall times. Trials are counted from the database (all hosts
-of a shared study); busy seconds are this daemon's own, since it started (a Prometheus counter)."""
+"""The daemon's `/metrics`, served through `prometheus-client` (the library every scraper expects): one
+`CollectorRegistry` per daemon with one collector that reads, at each scrape, the trials of the studies
+in the queue (from the database: every host of a shared study), this daemon's slots and the jobs it runs.
+
+Series: `autotune_trials{study,state,cause}`, `autotune_gpu_busy_seconds_total{host,gpu}` (seconds each
+slot of this daemon held a job, since it started), `autotune_slot_busy_ratio{host,gpu}` (the same over
+the daemon's uptime), `autotune_trial_duration_seconds{study}` (histogram of finished trials' wall
+times), `autotune_trial_client_cpu_seconds{study}` and `autotune_trial_client_cpu_share{study}`
+(histograms of each measured trial's load client: its worker process's CPU seconds, and those over the
+measurement's wall time, of one core), `autotune_running_jobs{host}`, `autotune_queue_studies{state}`,
+`autotune_daemon_draining{host}`.
+"""
 
 from __future__ import annotations
 
 import threading
 import time
 from collections import Counter
-from typing import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Iterator, Mapping, Sequence
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from autotune.store.models import TrialRecord
 
 DURATION_BUCKETS = (5.0, 15.0, 30.0, 60.0, 120.0, 180.0, 300.0, 600.0, 1200.0, 3600.0)
+CPU_SECONDS_BUCKETS = (1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+CPU_SHARE_BUCKETS = (0.1, 0.25, 0.5, 0.75, 0.9, 1.0)
 
 
 class BusyClock:
-    """Seconds each slot held a trial: `update()` with the busy slots at every poll (thread-safe)."""
+    """Seconds each slot held a job: `update()` with the busy slots at every poll (thread-safe)."""
 
     def __init__(self, slots: Iterable[int]) -> None:
         self._total = {s: 0.0 for s in slots}
@@ -40,38 +57,90 @@ class BusyClock:
             return out
 
 
-def _labels(**kv: object) -> str:
-    def esc(v: object) -> str:
-        return str(v).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-    return "{" + ",".join(f'{k}="{esc(v)}"' for k, v in kv.items()) + "}"
+@dataclass
+class Reading:
+    """What one scrape reports (DaemonCollector asks for a fresh one each time)."""
+
+    trials: Mapping[str, Sequence[TrialRecord]]     # study -> its trials (all hosts)
+    busy_s: Mapping[int, float]                     # slot -> busy seconds of this daemon
+    host: str
+    queue_states: Mapping[str, int] = field(default_factory=dict)
+    draining: bool = False
+    uptime_s: float | None = None                   # seconds since the daemon started (the ratio's base)
+    running: int = 0                                # jobs running here now
 
 
-def prometheus(trials: Mapping[str, Sequence[TrialRecord]], busy_s: Mapping[int, float], *, host: str,
-               queue_states: Mapping[str, int], draining: bool) -> str:
-    out = ["# HELP autotune_trials Trials in the study database, by study, state and failure cause.",
-           "# TYPE autotune_trials gauge"]
-    for study, recs in sorted(trials.items()):
-        counts = Counter((t.state, t.cause or "") for t in recs)
-        for (state, cause), n in sorted(counts.items()):
-            out.append(f"autotune_trials{_labels(study=study, state=state, cause=cause)} {n}")
-    out += ["# HELP autotune_gpu_busy_seconds_total Seconds each GPU slot of this daemon held a trial.",
-            "# TYPE autotune_gpu_busy_seconds_total counter"]
-    for slot, s in sorted(busy_s.items()):
-        out.append(f"autotune_gpu_busy_seconds_total{_labels(host=host, gpu=slot)} {s:.3f}")
-    out += ["# HELP autotune_trial_duration_seconds Wall time of finished trials, start to end.",
-            "# TYPE autotune_trial_duration_seconds histogram"]
-    for study, recs in sorted(trials.items()):
-        walls = [(t.finished_at - t.started_at).total_seconds() for t in recs
-                 if t.finished_at is not None and t.started_at is not None and t.state != "running"]
-        for le in DURATION_BUCKETS:
-            out.append(f"autotune_trial_duration_seconds_bucket{_labels(study=study, le=f'{le:g}')} "
-                       f"{sum(w <= le for w in walls)}")
-        out.append(f"autotune_trial_duration_seconds_bucket{_labels(study=study, le='+Inf')} {len(walls)}")
-        out.append(f"autotune_trial_duration_seconds_sum{_labels(study=study)} {sum(walls):.3f}")
-        out.append(f"autotune_trial_duration_seconds_count{_labels(study=study)} {len(walls)}")
-    out += ["# HELP autotune_queue_studies Studies in the queue by state.", "# TYPE autotune_queue_studies gauge"]
-    for state, n in sorted(queue_states.items()):
-        out.append(f"autotune_queue_studies{_labels(state=state)} {n}")
-    out += ["# HELP autotune_daemon_draining 1 while the daemon drains after SIGTERM.",
-            "# TYPE autotune_daemon_draining gauge", f"autotune_daemon_draining{_labels(host=host)} {int(draining)}"]
-    return "\n".join(out) + "\n"
+def _histogram(name: str, doc: str, values: Mapping[str, list[float]], buckets: Sequence[float]) -> Metric:
+    h = HistogramMetricFamily(name, doc, labels=["study"])
+    for study, xs in sorted(values.items()):
+        counts = [(floatToGoString(le), float(sum(x <= le for x in xs))) for le in buckets]
+        h.add_metric([study], counts + [("+Inf", float(len(xs)))], sum_value=sum(xs))
+    return h
+
+
+def families(r: Reading) -> Iterator[Metric]:
+    """The metric families of one reading."""
+    trials = GaugeMetricFamily("autotune_trials", "Trials in the study database, by study, state and failure cause.",
+                               labels=["study", "state", "cause"])
+    walls: dict[str, list[float]] = {}
+    cpu: dict[str, list[float]] = {}
+    share: dict[str, list[float]] = {}
+    for study, recs in sorted(r.trials.items()):
+        for (state, cause), n in sorted(Counter((t.state, t.cause or "") for t in recs).items()):
+            trials.add_metric([study, state, cause], n)
+        walls[study] = [(t.finished_at - t.started_at).total_seconds() for t in recs
+                        if t.finished_at is not None and t.started_at is not None and t.state != "running"]
+        used = [t.client for t in recs if getattr(t, "client", None)]
+        cpu[study] = [float(c["cpu_s"]) for c in used if c.get("cpu_s") is not None]
+        share[study] = [float(c["cpu_share"]) for c in used if c.get("cpu_share") is not None]
+    yield trials
+    busy = CounterMetricFamily("autotune_gpu_busy_seconds", "Seconds each GPU slot of this daemon held a job.",
+                               labels=["host", "gpu"])
+    ratio = GaugeMetricFamily("autotune_slot_busy_ratio", "Busy seconds of each slot over the daemon's uptime.",
+                              labels=["host", "gpu"])
+    for slot, s in sorted(r.busy_s.items()):
+        busy.add_metric([r.host, str(slot)], s)
+        if r.uptime_s:
+            ratio.add_metric([r.host, str(slot)], min(1.0, s / r.uptime_s))
+    yield busy
+    yield ratio
+    yield _histogram("autotune_trial_duration_seconds", "Wall time of finished trials, start to end.", walls,
+                     DURATION_BUCKETS)
+    yield _histogram("autotune_trial_client_cpu_seconds", "CPU seconds of each measured trial's load client "
+                     "(its worker process).", cpu, CPU_SECONDS_BUCKETS)
+    yield _histogram("autotune_trial_client_cpu_share", "Each measured trial's load client: CPU seconds over the "
+                     "measurement's wall seconds, of one core.", share, CPU_SHARE_BUCKETS)
+    running = GaugeMetricFamily("autotune_running_jobs", "Jobs (trials, confirmation rounds) running here.",
+                                labels=["host"])
+    running.add_metric([r.host], r.running)
+    yield running
+    queue = GaugeMetricFamily("autotune_queue_studies", "Studies in the queue by state.", labels=["state"])
+    for state, n in sorted(r.queue_states.items()):
+        queue.add_metric([state], n)
+    yield queue
+    draining = GaugeMetricFamily("autotune_daemon_draining", "1 while the daemon drains after SIGTERM.",
+                                 labels=["host"])
+    draining.add_metric([r.host], int(r.draining))
+    yield draining
+
+
+class DaemonCollector(Collector):
+    """Reads a fresh `Reading` at every scrape."""
+
+    def __init__(self, read: Callable[[], Reading]) -> None:
+        self.read = read
+
+    def collect(self) -> Iterator[Metric]:
+        yield from families(self.read())
+
+
+def registry_for(read: Callable[[], Reading]) -> CollectorRegistry:
+    """The daemon's own registry (not the process-global one: two daemons in one test process, or a
+    library user's own metrics, never mix)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(DaemonCollector(read))
+    return registry
+
+
+def render(registry: CollectorRegistry) -> str:
+    return generate_latest(registry).decode()

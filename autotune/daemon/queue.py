@@ -171,6 +171,24 @@ class StudyQueue:
             return used + add if res.rowcount else used
 
 
+def submit_to(storage: str, body: dict[str, Any]) -> dict[str, Any]:
+    """Queue a resolved spec (what `submit --storage` and the daemon's POST /submit both do)."""
+    from autotune.spec import build_spec
+
+    if not isinstance(body.get("spec"), dict) or not isinstance(body.get("name"), str):
+        raise UserError("submit: needs name and spec")
+    build_spec(dict(body["spec"], storage=None), f"submitted spec {body['name']}")   # still a valid spec
+    try:
+        priority, n_trials = int(body.get("priority") or 0), int(body["n_trials"])
+        budget = None if body.get("time_budget_s") is None else float(body["time_budget_s"])
+    except (KeyError, TypeError, ValueError):
+        raise UserError("submit: priority, n_trials and time_budget_s must be numbers") from None
+    create_tables(storage)
+    e = StudyQueue(storage).submit(body["name"], body["spec"], priority=priority, n_trials=n_trials,
+                                   time_budget_s=budget)
+    return {"queued": e.name, "priority": e.priority, "n_trials": e.n_trials}
+
+
 def create_tables(url: str) -> None:
     """Every table a daemon uses (the queue, autotune's, Optuna's), made before anything else: two
     daemons starting together on a fresh PostgreSQL database race on CREATE TABLE, and the loser tries
@@ -178,8 +196,8 @@ def create_tables(url: str) -> None:
     import optuna
 
     from autotune.store.repository import ResultStore
-    from autotune.tuner.driver import _first_to_create
+    from autotune.tuner.sharing import first_to_create
 
-    _first_to_create(lambda: StudyQueue(url)).engine.dispose()
-    _first_to_create(lambda: ResultStore(url)).engine.dispose()
-    _first_to_create(lambda: optuna.storages.RDBStorage(url)).engine.dispose()
+    first_to_create(lambda: StudyQueue(url)).engine.dispose()
+    first_to_create(lambda: ResultStore(url)).engine.dispose()
+    first_to_create(lambda: optuna.storages.RDBStorage(url)).engine.dispose()

@@ -1,7 +1,7 @@
 """The daemon's life: take queued studies into the scheduler, count their time, let them leave the
 queue, serve the status API, and drain on SIGTERM or Ctrl-C.
 
-The scheduler (daemon/scheduler.py) runs the trials in its own thread; this loop only looks at the
+The scheduler (node/scheduler.py) runs the trials in its own thread; this loop only looks at the
 queue every `--poll` seconds. An empty queue leaves the daemon idle, not exited. A study this host
 may not join (another GPU model, engine version or spec) is refused with one line in the log and left
 in the queue for the hosts that may; it is tried again only when it is resubmitted.
@@ -21,12 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from autotune.daemon.api import StatusServer, check_listen, read_token
-from autotune.daemon.heartbeat import Heartbeats
-from autotune.daemon.metrics import BusyClock, prometheus
-from autotune.daemon.pool import GpuPool, host_name, parse_gpus
-from autotune.daemon.queue import CANCELLED, QUEUED, Entry, StudyQueue, create_tables
+from autotune.node.heartbeat import Heartbeats
+from autotune.daemon.metrics import BusyClock, Reading, registry_for, render
+from autotune.node.pool import GpuPool, host_name, parse_gpus
+from autotune.daemon.queue import CANCELLED, QUEUED, Entry, StudyQueue, create_tables, submit_to
 from autotune.daemon.resolve import spec_for_daemon
-from autotune.daemon.scheduler import Scheduler
+from autotune.node.scheduler import Scheduler
 from autotune.daemon.status import live_daemons, study_rows
 from autotune.errors import UserError
 from autotune.store.repository import ResultStore, sqlite_path
@@ -57,6 +57,8 @@ class Daemon:
         self.refused: dict[str, tuple[dt.datetime, str]] = {}   # name -> (submitted_at, why)
         self.busy = BusyClock(gpus)
         self.started_at = dt.datetime.now(dt.timezone.utc)
+        self._started = time.monotonic()
+        self.registry = registry_for(self._reading)     # this daemon's own Prometheus registry
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "Daemon":
@@ -239,17 +241,21 @@ class Daemon:
                 "scheduler": snap["studies"]}
 
     def metrics(self) -> str:
+        return render(self.registry)
+
+    def _reading(self) -> Reading:
+        """What a scrape reports: the queue's studies' trials (every host), this daemon's slots and jobs."""
         entries = self.queue.entries()
         trials = {}
         for e in entries:
             rec = self.store.study(e.name)
             if rec is not None:
                 trials[e.name] = self.store.trials(rec.id)
-        return prometheus(trials, self.busy.seconds(), host=self.host, queue_states=Counter(e.state for e in entries),
-                          draining=self.stop.is_set())
+        return Reading(trials, self.busy.seconds(), self.host, queue_states=Counter(e.state for e in entries),
+                       draining=self.stop.is_set(), uptime_s=time.monotonic() - self._started,
+                       running=len(self.scheduler.snapshot()["running"]))
 
     def _submit(self, body: dict[str, Any]) -> dict[str, Any]:
-        from autotune.daemon.command import submit_to
         return submit_to(self.storage, body)
 
     def _cancel(self, body: dict[str, Any]) -> dict[str, Any]:

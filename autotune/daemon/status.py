@@ -73,7 +73,7 @@ def _expected_finish(e: Entry, complete: int, running: int, median_s: float, now
 
 def live_daemons(engine: Engine) -> list[dict[str, Any]]:
     """The daemons (and `run`s) whose process heartbeat is fresh, on any host."""
-    from autotune.daemon.heartbeat import Heartbeats
+    from autotune.node.heartbeat import Heartbeats
 
     return [{"host": b.host, "pid": b.pid, "heartbeat_age_s": round(b.age_s, 1), **(b.info or {})}
             for b in Heartbeats(engine).live_processes()]

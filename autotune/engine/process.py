@@ -8,7 +8,6 @@ signalling the whole group and then waiting until no member is left. Members tha
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import socket
@@ -20,20 +19,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 import psutil
 
-_PR_SET_PDEATHSIG = 1
-
-
-def _parent_death_signal() -> None:
-    """Run in the child before exec: die with SIGTERM when the tuner dies, even by SIGKILL.
-
-    Linux only; elsewhere the child simply lacks this guard (kill_leftovers still covers it).
-    """
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-    except OSError:
-        pass
-
+from autotune.prctl import parent_death_signal
 
 @dataclass(frozen=True)
 class ProcessRecord:
@@ -48,7 +34,7 @@ def _child_setup(cores: Sequence[int]) -> Callable[[], None]:
     """The child's pre-exec step: the parent-death signal, and the CPU cores it may run on (its
     children inherit them), so co-running trials do not compete for one core."""
     def setup() -> None:
-        _parent_death_signal()
+        parent_death_signal()
         if cores:
             try:
                 os.sched_setaffinity(0, cores)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import statistics
-from typing import Sequence
+from typing import Any, Sequence
 
 from autotune.store.models import StudyRecord, TrialRecord
 from autotune.store.repository import ResultStore
@@ -59,6 +59,22 @@ def load_text(c: Confirmed) -> str:
             f"(median {statistics.median(loads):g}{spread})")
 
 
+def placement(rows: Sequence[Any]) -> str:
+    """Where each repeat ran, by round: `r1 GPU 0, r2 GPU 1, r3 GPUs 2-3` (virtual slots on the CPU build
+    and the simulator: `r1 slot 0`). Rounds run at the same time on different GPUs when slots are free."""
+    from autotune.node.pool import format_cpulist
+
+    out = []
+    for r in sorted(rows, key=lambda r: r.round):
+        lease = r.lease or {}
+        gpus, slots = lease.get("gpus") or [], lease.get("slots") or []
+        if gpus:
+            out.append(f"r{r.round + 1} GPU{'s' if len(gpus) > 1 else ''} {format_cpulist(gpus)}")
+        elif slots:
+            out.append(f"r{r.round + 1} slot{'s' if len(slots) > 1 else ''} {format_cpulist(slots)}")
+    return ", ".join(out)
+
+
 def confirmation_lines(study: StudyRecord, trials: Sequence[TrialRecord], confirmed: dict[int, Confirmed],
                        left_out: Sequence[tuple[TrialRecord, str]] = (), left_out_note: str = "") -> list[str]:
     """Each confirmed configuration (medians, spread, first run against its median, the load at which
@@ -80,8 +96,9 @@ def confirmation_lines(study: StudyRecord, trials: Sequence[TrialRecord], confir
             state += f"; repeats flagged {', '.join(flagged)}"
         quality = (", changes output quality: " + ", ".join(f"{k}={v}" for k, v in c.quality.items())
                    if c.quality else "")
+        where = placement(c.rows)
         facts = "; ".join(x for x in (_medians(study, c) or "nothing measured", _first_vs_median(study, c),
-                                      load_text(c)) if x)
+                                      load_text(c), f"ran on {where}" if where else "") if x)
         lines.append(f"  #{n} ({c.trial.role}{quality}): {len(c.rows)} repeat(s): {facts}; {state}")
     for t, why in left_out[:SHOWN_LEFT_OUT]:
         lines.append(f"  #{t.number} left out of the confirmation: {why}")

@@ -12,7 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from autotune import causes
-from autotune.daemon.pool import format_cpulist
+from autotune.node.pool import format_cpulist
 from autotune.engine.phases import format_phases
 from autotune.report.confirmed import cell, confirmation_lines
 from autotune.store.models import StudyRecord, TrialRecord

@@ -87,6 +87,7 @@ class TrialRecord(Base):
     # Environment variables the candidate's env knobs set at launch (space/params.py `env`); the study's own
     # engine.env is not here (it may hold secrets).
     env: Mapped[dict[str, str] | None] = mapped_column(JSON, nullable=True)
+    client: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)       # measurement worker: pid, cpu_s, wall_s
 
 
 class ConfirmationRecord(Base):
@@ -179,7 +180,7 @@ class ProcessRecord(Base):
 
 class HeartbeatRecord(Base):
     """A live process or running trial. `beat_at` is written with the database's clock and judged
-    against the same clock, so hosts with skewed clocks agree on what is stale (daemon/heartbeat.py)."""
+    against the same clock, so hosts with skewed clocks agree on what is stale (node/heartbeat.py)."""
 
     __tablename__ = "autotune_heartbeats"
     __table_args__ = (UniqueConstraint("kind", "key"),)

@@ -1,55 +1,62 @@
 """The steps a study runs once it has its trials, shared by `run` and `daemon`: the confirmation of the
 winners against the baseline (issue 11), and the daemon's report.
 
-They run as one job of the scheduler (daemon/scheduler.py): in a worker thread that holds a lease, so a
+They run as jobs of the scheduler (node/scheduler.py): in job threads that hold leases, so a
 confirmation's fresh servers take GPUs the pool gave it (other studies keep scheduling beside it), and
-SIGINT/SIGTERM/--timeout/the daemon's drain interrupt it through the thread's gate like a trial. The
-repeats already stored are kept: the next `run` (or daemon) continues the confirmation.
+SIGINT/SIGTERM/--timeout/the daemon's drain interrupt them through the threads' gates like trials. The
+confirmation is one job per round (tuner/budget.py): with free slots its rounds run at the same time on
+different GPUs, each round's pair on one lease. The repeats already stored are kept: the next `run` (or
+daemon) continues the confirmation.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from pathlib import Path
 from typing import Callable
 
-from autotune.daemon.pool import Lease
-from autotune.tuner.driver import BudgetStep, StudyDriver, layout_gpus
+from autotune.node.pool import Lease
+from autotune.tuner.budget import BudgetPart, BudgetStep
+from autotune.tuner.driver import StudyDriver, expected_trial_s, layout_gpus
 from autotune.tuner.trial import Phase
 
 log = logging.getLogger(__name__)
 
 
-def confirm_gpus(driver: StudyDriver) -> int:
-    """The largest layout among the trials the confirmation will repeat (the baseline and the picked
-    candidates), else the study's usual one (nothing feasible: the step only says so)."""
-    from autotune.store.queries import is_feasible
-    from autotune.tuner.picks import pick_candidates
-
-    trials = driver.store.trials(driver.record.id)
-    baseline = [t for t in trials if t.role == "baseline" and is_feasible(t)][:1]
-    conf = driver.spec.confirm
-    repeated = baseline + pick_candidates(driver.record, trials, conf.top_k, conf.max_extra,
-                                          driver.store.confirmations(driver.record.id)).candidates
-    if not repeated:
-        return driver.usual_gpus()
-    return max(layout_gpus([*driver.fixed_flags, *t.flags]) for t in repeated)
-
-
-def confirm_step(driver: StudyDriver, lease: Lease, phase: Phase) -> None:
-    """Confirm the winners on fresh servers inside the job's lease. A confirmation cut by --timeout sets
-    the driver's stop reason (the exit message says to run again); an interrupt propagates."""
-    from autotune.tuner.confirm import confirm_study
-    from autotune.tuner.driver import expected_trial_s
+def confirm_parts(driver: StudyDriver) -> list[BudgetPart]:
+    """One job per round with repeats still missing, each leasing the largest layout among the trials the
+    round repeats. A round cut by --timeout sets the driver's stop reason (the exit message says to run
+    again, and no further round starts); an interrupt propagates."""
+    from autotune.tuner.confirm import plan_rounds, run_round, stopped_line
 
     spec = driver.spec
-    result = confirm_study(spec, driver.store, driver.record, driver.runner, top_k=spec.confirm.top_k,
-                           repeats=spec.confirm.repeats, max_extra=spec.confirm.max_extra, phase=phase,
-                           say=driver.progress.message,
-                           deadline=driver.deadline, lease=lease,
-                           expected_s=expected_trial_s(driver.store.trials(driver.record.id)) or 0.0)
-    if result.stopped_by:
-        driver.stop_reason = result.stopped_by
+    repeats = spec.confirm.repeats
+    rounds = plan_rounds(spec, driver.store, driver.record, top_k=spec.confirm.top_k, repeats=repeats,
+                         say=driver.progress.message, max_extra=spec.confirm.max_extra)
+    started: set[int] = set()
+    lock = threading.Lock()
+
+    def part(rnd_index: int) -> Callable[[Lease, Phase], None]:
+        rnd = rounds[rnd_index]
+
+        def run(lease: Lease, phase: Phase) -> None:
+            with lock:
+                started.add(rnd.number)
+            tagged = (lambda text: phase(f"[round {rnd.number + 1}/{repeats}] {text}")) if driver.tag_phases else phase
+            result = run_round(spec, driver.store, driver.record, driver.runner, rnd, repeats=repeats, phase=tagged,
+                               say=driver.progress.message, deadline=driver.deadline, lease=lease,
+                               expected_s=expected_trial_s(driver.store.trials(driver.record.id)) or 0.0)
+            if result.stopped_by:
+                with lock:
+                    left = result.pending + sum(len(r.repeats) for r in rounds if r.number not in started)
+                driver.progress.message(stopped_line(left))
+                driver.stop_reason = driver.stop_reason or result.stopped_by
+        return run
+
+    return [BudgetPart(f"confirm round {rnd.number + 1}",
+                       max(layout_gpus([*driver.fixed_flags, *t.flags]) for _, t in rnd.repeats), part(i))
+            for i, rnd in enumerate(rounds)]
 
 
 def report_step(path: Path, say: Callable[[str], None]) -> BudgetStep:
@@ -74,9 +81,9 @@ def register(driver: StudyDriver, *, report: Path | None = None, say: Callable[[
     """The after-budget steps of a study: the confirmation when the spec enables it, then the report
     (when a path is given: the daemon's)."""
     if driver.spec.confirm.enabled:
-        driver.after_budget.append(BudgetStep("confirm", confirm_step, confirm_gpus))
+        driver.after_budget.append(BudgetStep("confirm", parts=confirm_parts))
     if report is not None:
         driver.after_budget.append(report_step(report, say or driver.progress.message))
 
 
-__all__ = ["confirm_gpus", "confirm_step", "register", "report_step"]
+__all__ = ["confirm_parts", "register", "report_step"]

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune.bench.workloads import Workload, parse_workload
-from autotune.daemon.pool import GpuPool, parse_gpus
+from autotune.node.pool import GpuPool, parse_gpus
 from autotune.engine.base import Engine
 from autotune.errors import UserError
 from autotune.slo import check_slo_classes
@@ -246,7 +246,7 @@ def host_pool(spec: StudySpec, parallel: int) -> GpuPool:
 
 
 def run_command(args: argparse.Namespace) -> int:
-    from autotune.daemon.scheduler import Scheduler
+    from autotune.node.scheduler import Scheduler
     from autotune.tuner.after_budget import register as register_after_budget
     from autotune.tuner.driver import StudyDriver
 

@@ -23,7 +23,10 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from autotune.daemon.pool import Lease
+from sqlalchemy.exc import IntegrityError
+
+from autotune import causes
+from autotune.node.pool import Lease
 from autotune.spec import StudySpec
 from autotune.store.models import StudyRecord, TrialRecord, utcnow
 from autotune.store.queries import is_feasible
@@ -53,21 +56,28 @@ def plan(baseline: TrialRecord | None, candidates: Sequence[TrialRecord], repeat
 
 
 @dataclass
+class Round:
+    """The repeats of one round still to run, in the round's order, and the seed they share. A round is
+    one job of the scheduler: its pair stays on one lease (the paired comparison's meaning), different
+    rounds may run at once on different GPUs."""
+
+    number: int
+    seed: int
+    repeats: list[tuple[int, TrialRecord]]      # (position, trial)
+
+
+@dataclass
 class ConfirmResult:
     done: int          # repeats run by this call
     pending: int       # repeats still missing (timeout)
     stopped_by: str | None
 
 
-def confirm_study(spec: StudySpec, store: ResultStore, study: StudyRecord, runner: TrialRunner, *,
-                  top_k: int, repeats: int, phase: Callable[[str], None], say: Callable[[str], None],
-                  deadline: float | None = None, expected_s: float = 0.0, lease: Lease | None = None,
-                  max_extra: int = 0) -> ConfirmResult:
-    """Run the missing repeats of the picked candidates (tuner/picks.py: `top_k`, then up to `max_extra`
-    whose first run lies within the noise of the best or is flagged) and the baseline; rows already
-    stored (an earlier, interrupted confirmation) are kept. Interrupts propagate after the running server
-    is stopped. With a `lease` (the scheduler's after-budget job), every repeat's server gets its GPUs,
-    ports and cores."""
+def plan_rounds(spec: StudySpec, store: ResultStore, study: StudyRecord, *, top_k: int, repeats: int,
+                say: Callable[[str], None], max_extra: int = 0) -> list[Round]:
+    """The rounds with repeats still missing, of the picked candidates (tuner/picks.py: `top_k`, then up to
+    `max_extra` whose first run lies within the noise of the best or is flagged) and the baseline; rows
+    already stored (an earlier, interrupted confirmation) are kept. What was picked is said."""
     trials = store.trials(study.id)
     rows = store.confirmations(study.id)
     baseline = next((t for t in trials if t.role == "baseline" and is_feasible(t)), None)
@@ -75,7 +85,7 @@ def confirm_study(spec: StudySpec, store: ResultStore, study: StudyRecord, runne
     candidates = picks.candidates
     if baseline is None and not candidates:
         say("confirmation: no feasible trial to confirm")
-        return ConfirmResult(0, 0, None)
+        return []
     have = {(r.trial_id, r.round) for r in rows}
     todo = [(r, i, t) for r, i, t in plan(baseline, candidates, repeats) if (t.id, r) not in have]
     names = ", ".join(f"#{t.number}" for t in ([baseline] if baseline else []) + candidates)
@@ -88,28 +98,83 @@ def confirm_study(spec: StudySpec, store: ResultStore, study: StudyRecord, runne
         say(f"confirmation: left out (confirm.max_extra = {max_extra}): "
             + "; ".join(f"#{t.number} ({why})" for t, why in picks.left_out[:SAID_LEFT_OUT])
             + (f"; {more} more (`autotune show` lists them)" if more > 0 else ""))
+    rounds: dict[int, Round] = {}
+    for r, i, t in todo:
+        rounds.setdefault(r, Round(r, round_seed(spec.seed, r), [])).repeats.append((i, t))
+    return list(rounds.values())
+
+
+def run_round(spec: StudySpec, store: ResultStore, study: StudyRecord, runner: TrialRunner, rnd: Round, *,
+              repeats: int, phase: Callable[[str], None], say: Callable[[str], None], deadline: float | None = None,
+              expected_s: float = 0.0, lease: Lease | None = None) -> ConfirmResult:
+    """Run one round's missing repeats in order on fresh servers (with a `lease`: its GPUs, ports and
+    cores, recorded on every row). A repeat that would not finish before `deadline` is not started
+    (`stopped_by` "timeout", `pending` what is left of the round). A repeat whose measurement worker died
+    measured nothing: it is not stored, so the next call runs it. Interrupts propagate after the running
+    server is stopped; the rows stored so far stay. Several processes may confirm one study (they share
+    its storage): a repeat another one has stored since the plan is skipped, and one it stores while this
+    one measures is kept (theirs), not an error."""
     done = 0
-    for n, (r, pos, t) in enumerate(todo):
+    for n, (pos, t) in enumerate(rnd.repeats):
         if deadline is not None:
             left = deadline - time.monotonic()
             if left <= 0 or left < expected_s:
-                say(f"confirmation stopped by the timeout: {len(todo) - n} repeat(s) left "
-                    f"(`autotune confirm` or the same run command continues)")
-                return ConfirmResult(done, len(todo) - n, "timeout")
-        seed = round_seed(spec.seed, r)
-        say(f"[confirm {r + 1}/{repeats}] trial {t.number} ({t.role}), seed {seed}")
+                return ConfirmResult(done, len(rnd.repeats) - n, "timeout")
+        if _stored(store, study, t, rnd.number):
+            continue
+        say(f"[confirm {rnd.number + 1}/{repeats}] trial {t.number} ({t.role}), seed {rnd.seed}")
         started = utcnow()
-        outcome = runner.run(t.number, t.flags, [], phase, lease=lease, seed=seed, env=t.env or {},
-                             log_name=f"confirm-{t.number:04d}-r{r}.log", claim=bracket_low(t),
+        outcome = runner.run(t.number, t.flags, [], phase, lease=lease, seed=rnd.seed, env=t.env or {},
+                             log_name=f"confirm-{t.number:04d}-r{rnd.number}.log", claim=bracket_low(t),
                              hint=first_bracket(t) if spec.load.search_start == "study" else None)
+        if outcome.cause == causes.WORKER_DIED:
+            say(f"[confirm {rnd.number + 1}/{repeats}] trial {t.number}: not stored ({outcome.detail}); "
+                f"the next run repeats it")
+            continue
         row = _row(spec, outcome)
-        store.save_confirmation(study_id=study.id, trial_id=t.id, round=r, position=pos, seed=seed,
-                                started_at=started, finished_at=utcnow(),
-                                lease=lease.to_json() if lease is not None else None, **row)
+        try:
+            store.save_confirmation(study_id=study.id, trial_id=t.id, round=rnd.number, position=pos,
+                                    seed=rnd.seed, started_at=started, finished_at=utcnow(),
+                                    lease=lease.to_json() if lease is not None else None, **row)
+        except IntegrityError:
+            if not _stored(store, study, t, rnd.number):
+                raise
+            say(f"[confirm {rnd.number + 1}/{repeats}] trial {t.number}: another process stored this repeat "
+                f"meanwhile; its row is kept")
+            continue
         done += 1
         shown = ", ".join(f"{k}={v:.4g}" for k, v in row["objectives"].items())
-        say(f"[confirm {r + 1}/{repeats}] trial {t.number}: {row['state']}"
+        say(f"[confirm {rnd.number + 1}/{repeats}] trial {t.number}: {row['state']}"
             + (f" ({row['cause']})" if row["cause"] else "") + (f": {shown}" if shown else ""))
+    return ConfirmResult(done, 0, None)
+
+
+def _stored(store: ResultStore, study: StudyRecord, trial: TrialRecord, round_: int) -> bool:
+    return any(r.trial_id == trial.id and r.round == round_ for r in store.confirmations(study.id))
+
+
+def stopped_line(left: int) -> str:
+    return (f"confirmation stopped by the timeout: {left} repeat(s) left "
+            f"(`autotune confirm` or the same run command continues)")
+
+
+def confirm_study(spec: StudySpec, store: ResultStore, study: StudyRecord, runner: TrialRunner, *,
+                  top_k: int, repeats: int, phase: Callable[[str], None], say: Callable[[str], None],
+                  deadline: float | None = None, expected_s: float = 0.0, lease: Lease | None = None,
+                  max_extra: int = 0) -> ConfirmResult:
+    """Run the missing repeats round after round on one lease (`autotune confirm`; `run` and the daemon
+    hand the rounds to the scheduler as jobs instead, tuner/after_budget.py). Interrupts propagate after
+    the running server is stopped."""
+    rounds = plan_rounds(spec, store, study, top_k=top_k, repeats=repeats, say=say, max_extra=max_extra)
+    done = 0
+    for k, rnd in enumerate(rounds):
+        result = run_round(spec, store, study, runner, rnd, repeats=repeats, phase=phase, say=say,
+                           deadline=deadline, expected_s=expected_s, lease=lease)
+        done += result.done
+        if result.stopped_by is not None:
+            left = result.pending + sum(len(r.repeats) for r in rounds[k + 1:])
+            say(stopped_line(left))
+            return ConfirmResult(done, left, result.stopped_by)
     return ConfirmResult(done, 0, None)
 
 

@@ -13,7 +13,8 @@ from autotune.spec import build_spec, parse_duration
 from autotune.store.repository import ResultStore
 from autotune.tuner.confirm import confirm_study
 from autotune.tuner.progress import Progress
-from autotune.tuner.study import Interrupted, _interrupts, expected_trial_s, log_dir_for
+from autotune.node.interrupts import Interrupted, _interrupts
+from autotune.tuner.driver import expected_trial_s, log_dir_for
 from autotune.tuner.trial import TrialRunner
 
 

@@ -7,8 +7,9 @@ Extension points for other parts of the tuner (docs/SCHEDULER.md, "Hooks"):
   that returns a TrialOutcome rejects it (told as failed, never launched).
 - `after_tell`: steps run after every trial is told (e.g. a warm start once the baseline is in).
 - `after_budget`: steps run once when the study reaches its trials (the confirmation of the winner,
-  the daemon's report), as one job of the scheduler: in a worker thread holding a lease, interruptible
-  like a trial; the driver is closed after that job ends.
+  the daemon's report), as jobs of the scheduler (tuner/budget.py): in job threads holding leases,
+  interruptible like trials, a step's parts (the confirmation's rounds) at once when slots are free; the
+  driver is closed after they end.
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ from optuna.trial import TrialState
 from sqlalchemy.exc import OperationalError
 
 from autotune import causes
-from autotune.daemon.heartbeat import Heartbeats
-from autotune.daemon.pool import Lease, host_name
+from autotune.node.heartbeat import Heartbeats
+from autotune.node.pool import Lease, host_name
 from autotune.engine.base import Engine
 from autotune.engine.process import kill_leftovers
 from autotune.errors import UserError
@@ -42,14 +43,14 @@ from autotune.store.repository import ResultStore, sqlite_path
 from autotune.telemetry import headroom_violation
 from autotune.telemetry.base import TelemetrySource
 from autotune.tuner.host import hardware
-from autotune.tuner.interrupts import Interrupted
 from autotune.tuner.objectives import (failure_constraints, measured_constraints, pick,
                                        placeholder_values)
 from autotune.tuner import search_hooks
 from autotune.tuner.policy import counted
 from autotune.tuner.progress import Progress
 from autotune.tuner.sharing import (ask_baseline_first, claim, dead_owner_servers, first_to_create, gpu_model,
-                                    identity_conflict, make_sampler, overlapping, sampler_seed)
+                                    identity_conflict, make_sampler, overlapping)
+from autotune.tuner.budget import AfterBudget, BudgetStep
 from autotune.tuner.trial import Phase, TrialOutcome, TrialRunner, outcome_evidence
 from autotune.tuner.workload_profile import store_workload_profile
 
@@ -85,24 +86,14 @@ LaunchCheck = Callable[["StudyDriver", TrialJob], "TrialOutcome | None"]
 TellHook = Callable[["StudyDriver", TrialJob, TrialOutcome], None]
 
 
-@dataclass
-class BudgetStep:
-    """One after-budget step. `run(driver, lease, phase)` runs in the scheduler's worker thread with the
-    job's lease (a confirmation's servers take its GPUs, ports and cores); `n_gpus(driver)`, when given,
-    is how many GPUs it needs (the largest layout it will launch), asked when the job is about to lease."""
-
-    name: str
-    run: Callable[["StudyDriver", Lease, Phase], None]
-    n_gpus: Callable[["StudyDriver"], int] | None = None
-
-
 def expected_trial_s(records: Sequence[Any]) -> float | None:
     """The median wall time of the trials that launched a server (measured or failed, not rejected by a
     constraint nor interrupted). A trial started with less time than that left before `--timeout` would
     most likely be cut off, wasting its startup and its slot: on a GPU host split into fixed-length
     sessions, or an overnight run that must end by morning, it is better to stop cleanly."""
     walls = sorted((r.finished_at - r.started_at).total_seconds() for r in records
-                   if r.state in ("ok", "failed") and r.cause not in (causes.CONSTRAINT, causes.PREDICTED_OOM)
+                   if r.state in ("ok", "failed")
+                   and r.cause not in (causes.CONSTRAINT, causes.PREDICTED_OOM, causes.WORKER_DIED)
                    and r.finished_at is not None and r.started_at is not None)
     if not walls:
         return None
@@ -164,9 +155,10 @@ class StudyDriver:
         self.before_launch: list[LaunchCheck] = []
         self.after_tell: list[TellHook] = []
         self.after_budget: list[BudgetStep] = []
-        self.after_budget_started = False     # the scheduler took the after-budget job (it runs once)
+        self.after_budget_started = False     # the scheduler took an after-budget job
         self.after_budget_finished = False    # ended for good: every step returned, or an error was logged
         #                                       (not when interrupted: the next run continues them)
+        self._budget = AfterBudget(self)      # its steps' parts as they are handed out (tuner/budget.py)
         self._running: dict[int, TrialJob] = {}
         self._lock = threading.RLock()
         self._own_heartbeats = False
@@ -337,9 +329,9 @@ class StudyDriver:
         if self.twin is not None and self.claim("warm_start"):
             self.warm = search_hooks.warm_start(self, self.progress)   # the twin's picks, once per study
 
-    def _requeue(self, params: dict[str, Any], role: str, number: int) -> None:
+    def _requeue(self, params: dict[str, Any], role: str, number: int, **attrs: Any) -> None:
         self.study.enqueue_trial(params, user_attrs={"role": role, "enqueued": sorted(params),
-                                                     "requeued_from": number})
+                                                     "requeued_from": number, **attrs})
 
     # -- counting -----------------------------------------------------------------------------------
     def complete_count(self) -> int:
@@ -417,7 +409,7 @@ class StudyDriver:
                           if role != "baseline" else [])
             job = TrialJob(study=self.spec.name, number=trial.number, trial_id=trial._trial_id, role=role,
                            params=params, flags=flags, n_gpus=layout_gpus([*self.fixed_flags, *flags]),
-                           exclusive=bool(getattr(self.spec, "exclusive", False)), violations=violations,
+                           exclusive=self.exclusive, violations=violations,
                            env=env, started_at=utcnow(), trial=trial)
             self._running[job.number] = job
             self.progress.trial_started(trial.number, role, self.complete_count(),
@@ -461,7 +453,15 @@ class StudyDriver:
                                env=job.env)
 
     def finish(self, job: TrialJob, lease: Lease | None, outcome: TrialOutcome) -> None:
-        """Tell Optuna and store the evidence (thread-safe)."""
+        """Tell Optuna and store the evidence (thread-safe). A trial whose measurement worker died measured
+        nothing of the candidate: it is failed in our table and re-queued, not told (a candidate re-queued
+        that way whose worker dies again is told as failed, so that no candidate is re-run forever)."""
+        if outcome.cause == causes.WORKER_DIED and job.trial is not None \
+                and not job.trial.user_attrs.get("after_worker_died"):
+            self.interrupt(job, "its measurement worker died", state="failed", cause=causes.WORKER_DIED,
+                           detail=f"{outcome.detail}; parameters re-queued",
+                           evidence={"log_path": outcome.log_path, "log_tail": outcome.log_tail})
+            return
         with self._lock:
             try:
                 self._tell(job, outcome, lease)
@@ -474,8 +474,19 @@ class StudyDriver:
         for hook in self.after_tell:
             hook(self, job, outcome)
 
-    def interrupt(self, job: TrialJob, reason: str) -> None:
-        """FAIL the trial (not counted), re-queue its parameters once, record it as interrupted."""
+    def fail(self, job: TrialJob, cause: str, detail: str) -> None:
+        """The scheduler's own failures of a job (it needs more GPUs than the pool has; a bug in its thread)."""
+        self.finish(job, None, TrialOutcome("failed", cause, detail))
+
+    @property
+    def exclusive(self) -> bool:
+        """Nothing else runs on the node beside this study's jobs (the spec's `exclusive`)."""
+        return bool(getattr(self.spec, "exclusive", False))
+
+    def interrupt(self, job: TrialJob, reason: str, *, state: str = "interrupted", cause: str = causes.INTERRUPTED,
+                  detail: str | None = None, evidence: dict[str, Any] | None = None) -> None:
+        """FAIL the trial (not counted), re-queue its parameters once, record it as interrupted (or, for a
+        worker that died, as failed with that cause)."""
         with self._lock:
             try:
                 try:
@@ -483,11 +494,13 @@ class StudyDriver:
                 except _LOST_RACE:
                     pass
                 if self.claim(f"requeue:{job.number}"):
-                    self._requeue(job.params, job.role, job.number)
-                self.store.save_trial(self.record.id, job.number, state="interrupted", cause=causes.INTERRUPTED,
-                                      detail=f"stopped by {reason}; parameters re-queued", finished_at=utcnow(),
-                                      **self._overlap_fields(job))
-                self.progress.trial_finished(job.number, job.role, "interrupted", None, reason)
+                    self._requeue(job.params, job.role, job.number,
+                                  **({"after_worker_died": True} if cause == causes.WORKER_DIED else {}))
+                self.store.save_trial(self.record.id, job.number, state=state, cause=cause,
+                                      detail=detail or f"stopped by {reason}; parameters re-queued", finished_at=utcnow(),
+                                      **(evidence or {}), **self._overlap_fields(job))
+                self.progress.trial_finished(job.number, job.role, state, None,
+                                             reason if cause == causes.INTERRUPTED else f"{cause}: {reason}")
             finally:
                 self._running.pop(job.number, None)
                 assert self.heartbeats is not None
@@ -575,26 +588,25 @@ class StudyDriver:
         return out
 
     def after_budget_due(self) -> bool:
-        """The after-budget steps are still to run here: the study reached its trials (not stopped, not
-        cancelled) and the scheduler has not taken them yet."""
-        return (self._opened and bool(self.after_budget) and not self.after_budget_started
-                and self.stop_reason is None and not self.cancelled and not self._running and self.budget_reached())
+        """An after-budget job may start now: the study reached its trials (not stopped, not cancelled),
+        none of its trials runs here, and a part of its steps is waiting (the confirmation's rounds are
+        parts: with free slots, several run at once)."""
+        return (self._opened and bool(self.after_budget) and not self.after_budget_finished
+                and self.stop_reason is None and not self.cancelled and not self._running and self.budget_reached()
+                and self._budget.ready())
 
     def after_budget_gpus(self) -> int:
-        """GPUs the after-budget job leases: the largest its steps ask for, else the study's usual layout."""
-        return max([s.n_gpus(self) for s in self.after_budget if s.n_gpus is not None] or [self.usual_gpus()])
+        """GPUs the next after-budget job leases: what its part asks for (the largest layout it launches)."""
+        return self._budget.next_gpus()
 
     def usual_gpus(self) -> int:
         """The study's own layout: the fixed flags with the baseline's."""
         return layout_gpus([*self.fixed_flags, *mapping_to_flags(self.spec.baseline or {})])
 
     def run_after_budget(self, lease: Lease, phase: Phase) -> None:
-        """Worker thread: the steps in order. Interrupted propagates (the scheduler records it as the stop
-        reason); rows the steps already stored stay, so the next run continues where this one stopped."""
-        self.after_budget_started = True
-        for step in self.after_budget:
-            step.run(self, lease, phase)
-        self.after_budget_finished = True
+        """Job thread: the next part of the steps. Interrupted propagates (the scheduler records it as the
+        stop reason); rows the steps already stored stay, so the next run continues where this one stopped."""
+        self._budget.run_next(lease, phase)
 
     def close(self) -> StudyResult:
         """Keep the best series and stop beating for this study. The after-budget steps ran before, as
@@ -620,7 +632,4 @@ class StudyDriver:
         self.store.keep_series_only_for(self.record.id, keep)
 
 
-_first_to_create = first_to_create   # the name daemon/queue.py imports (moved to tuner/sharing.py)
-
-__all__ = ["BudgetStep", "StudyDriver", "StudyResult", "TrialJob", "expected_trial_s", "layout_gpus", "log_dir_for",
-           "make_sampler", "sampler_seed", "Interrupted"]
+__all__ = ["StudyDriver", "StudyResult", "TrialJob", "expected_trial_s", "layout_gpus", "log_dir_for"]

@@ -51,8 +51,8 @@ def open_policy(loop: Any) -> None:
     for doc in loop.store.limits(loop.record.id):
         loop.policy.limits.add(Limit.from_json(doc))
     for rec in loop.store.trials(loop.record.id):
-        if rec.state not in ("running", "interrupted", DUPLICATE):
-            loop.policy.ran(with_env(rec.flags or [], rec.env), rec.number)
+        if rec.state not in ("running", "interrupted", DUPLICATE) and rec.cause != causes.WORKER_DIED:
+            loop.policy.ran(with_env(rec.flags or [], rec.env), rec.number)   # (a worker that died measured nothing)
     loop.twin, loop.twin_job, loop.ranking = None, None, None
     ws = spec.warm_start
     # On by default for real engines; on the simulator only when asked (the twin ranking itself).

@@ -22,8 +22,8 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError, OperationalError
 
 from autotune import causes
-from autotune.daemon.heartbeat import owner_alive_here
-from autotune.daemon.pool import host_name
+from autotune.node.heartbeat import owner_alive_here
+from autotune.node.pool import host_name
 from autotune.spec import StudySpec
 from autotune.store.models import EnqueuedRecord, ProcessRecord, TrialRecord, utcnow
 

@@ -1,9 +1,13 @@
 """One trial, one path (DESIGN.md, principle 3): candidate flags -> free checks -> launch -> ready ->
 load -> telemetry -> observations. The CLI, tests and benchmarks all come through `TrialRunner.run`.
 
+The server is started, watched and stopped here, in the calling (job) thread; the load and the
+telemetry run in a measurement worker process of their own (tuner/measure.py over node/worker.py),
+started beside the server so that it has booted by the time the server answers.
+
 The runner never raises for a bad candidate: every way a candidate can fail ends as a `TrialOutcome`
 with its cause. Only an interrupt (Ctrl-C, SIGTERM, the invocation's timeout) escapes, after the server
-is stopped.
+is stopped; one that arrives after the measurement completed is noted and the outcome returned.
 """
 
 from __future__ import annotations
@@ -17,28 +21,28 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import psutil
 
 from autotune import causes
-from autotune.bench import find_capacity, parse_workload, run_load
-from autotune.bench import measurement_flags as mflags
+from autotune.bench import parse_workload
 from autotune.bench.capacity import capacity_tps
-from autotune.bench.client import STALLED, stalled_requests
-from autotune.bench.results import CapacityResult, Measurement
+from autotune.bench.client import STALLED
+from autotune.bench.results import Measurement
 from autotune.engine.base import Engine, EngineFailure, LaunchRequest, Server, StartupInfo
 from autotune.bench.step_bounds import ServerLimits
 from autotune.engine.logparse import logged_kv_tokens, port_in_use
-from autotune.engine.logwatch import JitWatch
 from autotune.engine.process import find_free_port, write_log_header
 from autotune.errors import UserError
 from autotune.redact import Redactor, api_key_of
 from autotune.spec import StudySpec
 from autotune.store.repository import ResultStore
 from autotune.telemetry import objectives as telemetry_objectives
-from autotune.telemetry.base import TelemetrySource, TelemetrySummary, TelemetryTarget
-from autotune.tuner.interrupts import current_gate, interruptible, run_async
-from autotune.daemon.heartbeat import process_create_time
-from autotune.daemon.pool import format_cpulist, host_name
+from autotune.telemetry.base import TelemetrySource, TelemetrySummary
+from autotune.node.interrupts import current_gate, interruptible
+from autotune.node.heartbeat import process_create_time
+from autotune.node.pool import format_cpulist, host_name
+from autotune.node.worker import Worker, WorkerDied
+from autotune.tuner.measure import TARGET, EarlyStopRequest, MeasureRequest, Measured, TelemetryRequest, measure
 
 if TYPE_CHECKING:
-    from autotune.daemon.pool import Lease
+    from autotune.node.pool import Lease
 
 
 @dataclass
@@ -55,6 +59,7 @@ class TrialOutcome:
     log_tail: str | None = None
     log_path: str | None = None
     flags: list[str] = field(default_factory=list)   # measurement flags (bench/measurement_flags.py)
+    client: dict[str, Any] | None = None   # the measurement worker's pid, CPU and wall seconds (measure.ClientUse)
 
 
 Phase = Callable[[str], None]
@@ -75,6 +80,7 @@ class _Launch:
     claim: float | None = None   # a load the capacity search must settle (a confirmation repeat's check)
     hint: tuple[float, float | None] | None = None   # where the capacity search starts (bench/capacity.py)
     before_load: Callable[[], None] | None = None    # waited for between /health and the first request
+    client_cores: tuple[int, ...] = ()   # the measurement worker's (the CPU build: apart from the server's)
 
 
 class TrialRunner:
@@ -115,9 +121,10 @@ class TrialRunner:
         (the study's capacities so far); `before_load` is called once the server is ready and before any
         request, so that work overlapping the server's start (the twin's ranking) ends before the load.
         With a lease: the lease's GPUs (CUDA_VISIBLE_DEVICES), its HTTP port and a block of internal
-        ports, the server and this thread (the load client) pinned to its cores, telemetry over its GPUs
-        only. Without one: the study's GPUs and any free port, as a single trial always ran. `env`: what the
-        candidate's env knobs set, on top of the study's engine.env."""
+        ports, the server and the measurement worker (load client, telemetry) pinned to its cores (on the
+        CPU build, the worker on the lease's last core and the server on the others), telemetry over its
+        GPUs only. Without one: the study's GPUs and any free port, as a single trial always ran. `env`:
+        what the candidate's env knobs set, on top of the study's engine.env."""
         rejected = self.precheck(flags, violations)
         if rejected is not None:
             return rejected
@@ -141,47 +148,48 @@ class TrialRunner:
                     # the CPU build binds its OpenMP threads itself: to the server's compute share
                     env.setdefault("VLLM_CPU_OMP_THREADS_BIND", format_cpulist(compute))
         launch = _Launch(all_flags, log_path, gpus, env, cores, self.spec.seed if seed is None else seed, stopper,
-                         claim, hint, before_load)
-        pinned = _pin_thread(client_cores)
-        try:
-            for attempt in range(1, PORT_ATTEMPTS + 1):
-                # the lease's own port first; a retry takes any free one (the lease's was taken from outside)
-                port = lease.port if lease is not None and attempt == 1 else find_free_port()
-                try:  # autotune's own line first: a log that cannot be written (disk full) fails here, cleanly
-                    write_log_header(log_path, f"trial {number}, attempt {attempt}, port {port}")
-                except OSError as e:
-                    return TrialOutcome("failed", causes.CRASH, f"cannot write the trial log {log_path}: "
-                                        f"{e.strerror or e}; not launched", log_path=str(log_path))
-                outcome = self._launch_and_serve(launch, port, phase)
-                # Another process took the port between choosing it and the server's bind: not the
-                # candidate's fault, so the same candidate is launched again on a new port.
-                if outcome.startup is None and port_in_use(outcome.log_tail or "") and attempt < PORT_ATTEMPTS:
-                    phase(f"port {port} was taken before the server bound it; retrying on a new port")
-                    continue
-                return self._redacted(outcome, log_path)
-            raise AssertionError("unreachable")
-        finally:
-            _pin_thread(pinned)
+                         claim, hint, before_load, client_cores)
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            # the lease's own port first; a retry takes any free one (the lease's was taken from outside)
+            port = lease.port if lease is not None and attempt == 1 else find_free_port()
+            try:  # autotune's own line first: a log that cannot be written (disk full) fails here, cleanly
+                write_log_header(log_path, f"trial {number}, attempt {attempt}, port {port}")
+            except OSError as e:
+                return TrialOutcome("failed", causes.CRASH, f"cannot write the trial log {log_path}: "
+                                    f"{e.strerror or e}; not launched", log_path=str(log_path))
+            outcome = self._launch_and_serve(launch, port, phase)
+            # Another process took the port between choosing it and the server's bind: not the
+            # candidate's fault, so the same candidate is launched again on a new port.
+            if outcome.startup is None and port_in_use(outcome.log_tail or "") and attempt < PORT_ATTEMPTS:
+                phase(f"port {port} was taken before the server bound it; retrying on a new port")
+                continue
+            return self._redacted(outcome, log_path)
+        raise AssertionError("unreachable")
 
     def _launch_and_serve(self, launch: "_Launch", port: int, phase: Phase) -> TrialOutcome:
         phase(f"starting {self.engine.name} on port {port}")
         request = LaunchRequest(model=self.spec.model, flags=launch.flags, port=port, log_path=launch.log_path,
                                 gpus=launch.gpus, env={**self._cache_env(), **launch.env}, startup_timeout_s=self.spec.engine.startup_timeout_s,
                                 cores=launch.cores)
-        server = self.engine.launch(request)
-        record_id = self._register(server, port)
-        outcome: TrialOutcome | None = None
+        worker = Worker(TARGET, cores=launch.client_cores).start()   # boots while the server starts
         try:
-            with interruptible():
-                outcome = self._serve(server, phase, launch)
-            return outcome
+            server = self.engine.launch(request)
+            record_id = self._register(server, port)
+            outcome: TrialOutcome | None = None
+            try:
+                with interruptible():
+                    outcome = self._serve(server, phase, launch, worker)
+                return outcome
+            finally:
+                phase("stopping server")
+                worker.close()
+                server.stop()
+                self.store.forget_process(record_id)
+                if outcome is None or not (outcome.startup is None and port_in_use(outcome.log_tail or "")):
+                    self.engine.release_wait(port, launch.gpus)   # (a port someone else holds is never released)
+                self.redactor.file(launch.log_path)
         finally:
-            phase("stopping server")
-            server.stop()
-            self.store.forget_process(record_id)
-            if outcome is None or not (outcome.startup is None and port_in_use(outcome.log_tail or "")):
-                self.engine.release_wait(port, launch.gpus)   # (a port someone else holds is never released)
-            self.redactor.file(launch.log_path)
+            worker.close()
 
     def _redacted(self, outcome: TrialOutcome, log_path: Path) -> TrialOutcome:
         """What vLLM said, without the study's secrets: the detail and log tail are stored and shown."""
@@ -206,7 +214,7 @@ class TrialRunner:
                                            owner_pid=os.getpid(), port=port, host=host_name(),
                                            owner_create_time=process_create_time())
 
-    def _serve(self, server: Server, phase: Phase, launch: _Launch) -> TrialOutcome:
+    def _serve(self, server: Server, phase: Phase, launch: _Launch, worker: Worker) -> TrialOutcome:
         log_path, gpus, stopper = launch.log_path, launch.gpus, launch.stopper
         try:
             phase("waiting for /health")
@@ -216,28 +224,24 @@ class TrialRunner:
                                 log_path=str(log_path))
         if launch.before_load is not None:
             launch.before_load()
-        sampler = self.telemetry.sampler(TelemetryTarget(server_pid=server.pid, gpus=list(gpus),
-                                                         server_url=server.url), hz=self.spec.telemetry.hz)
-        sampler.start()
-        t0 = time.monotonic()
-        hung: str | None = None
         try:
-            measurement, capacity, stalled = self._measure(server.url, phase, launch)
-        except UserError as e:
-            measurement, capacity, stalled = None, None, 0
-            if server.failure() is None:
-                if STALLED not in str(e) and "cannot reach the server" not in str(e):
-                    raise      # the server is up and answering: a real usage error
-                # every warm-up request stalled, or the process lives but refuses connections mid-trial
-                hung = f"server stopped answering: {e}"
-        finally:
-            summary = sampler.stop()
-        elapsed = time.monotonic() - t0
+            got = measure(worker, self._request(server, launch), phase)
+        except WorkerDied as e:     # not the candidate's doing: the driver re-queues it (causes.WORKER_DIED)
+            return TrialOutcome("failed", causes.WORKER_DIED, str(e), startup=startup, log_path=str(log_path),
+                                log_tail=server.log_tail())
+        measurement = Measurement.from_dict(got.measurement) if got.measurement is not None else None
+        capacity, stalled, hung = got.capacity, got.stalled, None
+        if got.error is not None and server.failure() is None:
+            if STALLED not in got.error and "cannot reach the server" not in got.error:
+                raise UserError(got.error)   # the server is up and answering: a real usage error
+            # every warm-up request stalled, or the process lives but refuses connections mid-trial
+            hung = f"server stopped answering: {got.error}"
+        summary = TelemetrySummary(**got.telemetry)
         died = server.failure()
         if died is None and (hung is not None or _requests_failed(measurement, capacity)):
             died = _exit_within(server, EXIT_GRACE_S)
         outcome = TrialOutcome("ok", startup=startup, telemetry=summary, log_path=str(log_path),
-                               log_tail=server.log_tail())
+                               log_tail=server.log_tail(), client=got.client.to_json())
         if died is not None:
             outcome.state, outcome.cause, outcome.detail = "failed", died.cause, died.detail
             return outcome
@@ -251,78 +255,30 @@ class TrialRunner:
         outcome.measurement = measurement
         outcome.metrics = dict(measurement.metrics)
         outcome.capacity = capacity
-        outcome.observed = self._observe(measurement, capacity, summary, elapsed, len(gpus))
+        outcome.observed = self._observe(measurement, capacity, summary, got.elapsed_s, len(gpus))
         outcome.flags = list(capacity["measurement_flags"]) if capacity is not None else measurement.flags
-        if stopper is not None and stopper.stopped:   # search hook: early stopping (tuner/earlystop.py)
+        if stopper is not None and got.bound is not None:   # search hook: early stopping (tuner/earlystop.py)
             from autotune.tuner.earlystop import mark_stopped
+            stopper.bound = got.bound
             mark_stopped(outcome, stopper.bound)
         elif measurement.client.saturated:
             outcome.cause = causes.CLIENT_SATURATED
             outcome.detail = f"load generator saturated: {measurement.client.note}"
         return outcome
 
-    def _measure(self, url: str, phase: Phase, launch: _Launch
-                 ) -> tuple[Measurement | None, dict[str, Any] | None, int]:
-        """The measurement, the capacity search's record (None for a fixed load) and how many requests
-        the server stopped answering (stalled). The server's log tells the search which steps ran while
-        a kernel JIT-compiled (engine/logwatch.py): those are re-run."""
-        load = self.spec.load
-        model = self.spec.model
-        seed, stopper = launch.seed, launch.stopper
-        if load.mode == "fixed":
-            phase("load: " + (f"concurrency {load.concurrency}" if load.concurrency else f"rate {load.rate}/s"
-                              if load.rate else "the trace at its recorded times"))
-            m = run_async(run_load(url, model, self.workload, concurrency=load.concurrency, rate=load.rate,
-                                     num_requests=load.num_requests, warmup=load.warmup, slo=self.slo,
-                                     seed=seed, endpoint=load.endpoint, tokenizer=self.tokenizer,
-                                     stall_timeout_s=load.stall_timeout_s, api_key=self.api_key))
-            m.flags = mflags.merge([mflags.CLIENT_SATURATED] if m.client.saturated else [],
-                                   [mflags.PREFIX_HITS] if mflags.prefix_flattered(
-                                       m.metrics.get("prefix_cache_hit_pct"), self.workload.kind) else [])
-            return m, None, stalled_requests(m.records)
-
-        def on_step(step: Any) -> None:
-            at = f"{load.search} {step.load:g}"
-            if load.search == "time_scale":   # [trace replay, issue 16] the load is the trace's speed-up
-                at = f"x{step.load:g} the trace's rate (time_scale {1 / step.load:.3g})"
-            if step.disturbances:
-                phase(f"capacity search: {at} -> {step.disturbances[0]}; re-ran it"
-                      + (f", and again during the re-run ({mflags.JIT_COMPILE})" if len(step.disturbances) > 1 else ""))
-            if step.measurement.aborted_early:
-                phase(f"capacity search: {at} -> SLO clearly broken, step cut short")
-                return
-            met = "meets SLO" if step.slo_met else "breaks SLO"
-            phase(f"capacity search: {at} -> "
-                  f"{step.measurement.metrics.get('output_throughput', 0):.0f} tok/s, {met}")
-
-        phase(f"capacity search by {load.search}" + (f", starting near the study's {launch.hint[0]:g}"
-                                                     if launch.hint else ""))
-        cap: CapacityResult = run_async(find_capacity(
-            url, model, self.workload, self.slo, search=load.search, max_steps=load.max_steps,
-            requests_per_step=load.requests_per_step, warmup=load.warmup, seed=seed, endpoint=load.endpoint,
-            tokenizer=self.tokenizer, on_step=on_step, min_waves=load.min_waves, min_step_s=load.min_step_s,
-            max_bracket=load.max_bracket, refine_steps=load.refine_steps, stall_timeout_s=load.stall_timeout_s,
-            api_key=self.api_key, should_stop=stopper.should_stop if stopper else None,
-            step_watch=JitWatch(launch.log_path), check=launch.claim, hint=launch.hint,
-            limits=ServerLimits.from_flags(launch.flags, logged_kv_tokens(launch.log_path))))
-        chosen = cap.at_capacity or (cap.steps[0].measurement if cap.steps else None)
-        info = {"mode": cap.mode, "capacity": cap.capacity, "hint": list(launch.hint) if launch.hint else None, "cache_reset": cap.cache_reset, "note": cap.note,
-                "bracket": list(cap.bracket), "measurement_flags": list(cap.flags), "seed": seed,
-                "steps": [{"load": s.load, "slo_met": s.slo_met, "first_wave": s.measurement.first_wave_summary(),
-                           "prefix_cache_hit_pct": s.measurement.metrics.get("prefix_cache_hit_pct"),
-                           "output_throughput": s.measurement.metrics.get("output_throughput"),
-                           "steady_output_throughput": s.measurement.metrics.get("steady_output_throughput"),
-                           "p99_ttft_ms": s.measurement.metrics.get("p99_ttft_ms"),
-                           "median_tpot_ms": s.measurement.metrics.get("median_tpot_ms"),
-                           "completed": s.measurement.metrics.get("completed"),
-                           "total_output_tokens": s.measurement.metrics.get("total_output_tokens"),
-                           "failed": s.measurement.metrics.get("failed"),
-                           "aborted_early": s.measurement.aborted_early, "disturbances": list(s.disturbances),
-                           "discarded_output_tokens": (s.discarded.metrics.get("total_output_tokens")
-                                                       if s.discarded is not None else None),
-                           **_class_figures(s.measurement.metrics)}
-                          for s in cap.steps]}
-        return chosen, info, sum(stalled_requests(s.measurement.records) for s in cap.steps)
+    def _request(self, server: Server, launch: _Launch) -> MeasureRequest:
+        """What the measurement worker needs: where, what load, which telemetry; the spec itself stays here."""
+        stopper = launch.stopper
+        early = None if stopper is None else EarlyStopRequest(
+            objectives=stopper.objectives, directions=["maximize" if m else "minimize" for m in stopper.maximize],
+            front=stopper.front, integer=stopper.integer, num_gpus=stopper.num_gpus)
+        return MeasureRequest(
+            url=server.url, model=self.spec.model, workload=dict(self.spec.workload), slo=self.spec.slo,
+            load=self.spec.load.model_dump(), seed=launch.seed, tokenizer=self.tokenizer, api_key=self.api_key,
+            hint=launch.hint, claim=launch.claim, early_stop=early, log_path=str(launch.log_path),
+            limits=asdict(ServerLimits.from_flags(launch.flags, logged_kv_tokens(launch.log_path))),
+            telemetry=TelemetryRequest(source=self.telemetry.name, hz=self.spec.telemetry.hz,
+                                       server_pid=server.pid, gpus=list(launch.gpus), server_url=server.url))
 
     def _observe(self, m: Measurement, capacity: dict[str, Any] | None, summary: TelemetrySummary,
                  elapsed: float, n_gpus: int) -> dict[str, float]:
@@ -362,18 +318,6 @@ def _affinity() -> set[int]:
     return set(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else set()
 
 
-def _pin_thread(cores: Sequence[int]) -> tuple[int, ...]:
-    """Pin the calling thread (Linux affinity is per thread) to `cores`; returns what it had, to restore."""
-    if not cores or not hasattr(os, "sched_setaffinity"):
-        return ()
-    before = tuple(sorted(os.sched_getaffinity(0)))
-    try:
-        os.sched_setaffinity(0, cores)
-    except OSError:
-        return ()
-    return before
-
-
 def outcome_evidence(outcome: TrialOutcome) -> dict[str, Any]:
     """The columns of autotune_trials that come from an outcome (placeholders never included)."""
     from autotune.telemetry import summary_for_store
@@ -387,7 +331,7 @@ def outcome_evidence(outcome: TrialOutcome) -> dict[str, Any]:
         "kv_cache_tokens": outcome.startup.kv_cache_tokens if outcome.startup else None,
         "simulated": bool(outcome.startup and outcome.startup.simulated),
         "log_path": outcome.log_path, "log_tail": outcome.log_tail,
-        "measurement_flags": list(outcome.flags),
+        "measurement_flags": list(outcome.flags), "client": outcome.client,
     }
 
 
@@ -411,12 +355,3 @@ def _exit_within(server: Server, grace_s: float) -> EngineFailure | None:
         time.sleep(0.1)
     return died
 
-
-# A step's figures per request class, kept with the step where its requests carried images (the SLO may
-# bound each class apart, and `show`/the report read which class broke it).
-_CLASS_KEYS = ("images_per_s", "image_completed", "text_completed", "image_median_ttft_ms", "image_p99_ttft_ms",
-               "text_median_ttft_ms", "text_p99_ttft_ms")
-
-
-def _class_figures(metrics: dict[str, Any]) -> dict[str, Any]:
-    return {k: metrics[k] for k in _CLASS_KEYS if k in metrics}

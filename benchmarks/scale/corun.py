@@ -31,7 +31,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from autotune.daemon.pool import GpuPool, parse_gpus  # noqa: E402
+from autotune.node.pool import GpuPool, parse_gpus  # noqa: E402
 from autotune.flags import mapping_to_flags  # noqa: E402
 from autotune.spec import load_spec_file  # noqa: E402
 from autotune.store.repository import ResultStore  # noqa: E402

@@ -71,20 +71,42 @@ def run_config(pg: ThrowawayPostgres, label: str, pools: list[list[int]], n_tria
         codes = [p.wait(timeout=120) for p in procs]
     eng = create_engine(url)
     with eng.connect() as conn:
-        rows = conn.execute(text("select state, host, started_at, finished_at from autotune_trials")).all()
+        rows = conn.execute(text("select number, state, cause, host, started_at, finished_at, client, "
+                                 "measurement_flags from autotune_trials")).all()
     eng.dispose()
-    done = [r for r in rows if r.state in FINISHED and r.finished_at is not None]
+    # finished trials (a failed one whose measurement worker died was re-queued and is not one of them)
+    done = [r for r in rows if r.state in FINISHED and r.finished_at is not None and r.cause != "worker_died"]
+    early = sum(r.state == "stopped" for r in rows)
+    shares = {r.number: _json(r.client).get("cpu_share") for r in done if r.client}
+    saturated = sorted(r.number for r in done if r.cause == "client_saturated"
+                       or "client_saturated" in (_json(r.measurement_flags) or []))
     first, last = min(r.started_at for r in done), max(r.finished_at for r in done)
     window = (last - first).total_seconds()
     walls = [(r.finished_at - r.started_at).total_seconds() for r in done]
     return {"label": label, "daemons": len(pools), "slots": sum(len(p) for p in pools), "n_trials": n_trials,
-            "finished": len(done), "interrupted": sum(r.state == "interrupted" for r in rows),
+            "finished": len(done), "early_stopped": early, "accounted": len(done) + early == n_trials,
+            "interrupted": sum(r.state == "interrupted" for r in rows),
             "by_host": {h: sum(r.host == h for r in done) for h in sorted({r.host for r in done})},
             "window_s": round(window, 1), "trials_per_hour": round(len(done) / window * 3600, 1),
             # from the ask to the tell: a trial asked ahead waits for its slot inside this figure
             "median_ask_to_finish_s": round(statistics.median(walls), 2),
+            # each measured trial's load client (its worker process): CPU seconds / wall seconds, of one core
+            "client_cpu_share": {"median": _median(shares.values()),
+                                 "max": max((x for x in shares.values() if x is not None), default=None),
+                                 "per_trial": dict(sorted(shares.items()))},
+            "client_saturated": len(saturated), "client_saturated_trials": saturated,
             "loadavg_before": [round(x, 2) for x in load_before],
             "loadavg_after": [round(x, 2) for x in os.getloadavg()], "exit_codes": codes}
+
+
+def _json(value: Any) -> Any:
+    """A JSON column as PostgreSQL's driver hands it back (already decoded) or as text."""
+    return json.loads(value) if isinstance(value, str) else (value or {})
+
+
+def _median(values: Any) -> float | None:
+    xs = [x for x in values if x is not None]
+    return round(statistics.median(xs), 3) if xs else None
 
 
 def main() -> int:

@@ -45,7 +45,7 @@ from autotune.bench.capacity import study_hint  # noqa: E402
 from autotune.spec import build_spec  # noqa: E402
 from autotune.tuner.objectives import failure_constraints, placeholder_values  # noqa: E402
 from autotune.tuner.policy import DUPLICATE, SearchPolicy, duplicate_told  # noqa: E402
-from autotune.tuner.study import make_sampler  # noqa: E402
+from autotune.tuner.sharing import make_sampler  # noqa: E402
 from autotune.tuner.warmstart import warm_start_picks  # noqa: E402
 from cost import CostModel, fit  # noqa: E402
 from landscape import load  # noqa: E402

@@ -46,14 +46,15 @@ def test_run_confirms_inside_a_lease_and_sigterm_stops_it(autotune_run, servers_
     args = ["run", "--study", str(spec), "--n-trials", "2", "--gpus", "0-1", "--parallel", "2", "--no-progress"]
     run = autotune_run(args, tmp_path)
     run.wait_for(_confirming, 240)
-    servers = [pid for (pid,) in _q(db, "select pid from autotune_processes")]     # the repeat's server
+    servers = [pid for (pid,) in _q(db, "select pid from autotune_processes")]     # the repeats' servers
     signalled = time.monotonic()
     run.proc.send_signal(signal.SIGTERM)
     assert run.finish(60) == 143, "\n".join(run.lines)
     assert time.monotonic() - signalled < 20, "\n".join(run.lines)
     assert "stopped by SIGTERM" in run.lines[-1] and not any("Traceback" in line for line in run.lines), \
         "\n".join(run.lines)
-    assert len(servers) == 1 and not [p for p in servers if _alive(p)]
+    # two slots: up to two rounds run at once (a round's pair stays on one lease)
+    assert 1 <= len(servers) <= 2 and not [p for p in servers if _alive(p)]
     assert not servers_in(tmp_path, "sim-serve")
     head = next(line for line in run.lines if line.startswith("confirmation: #"))
     total = 3 * head.split(" x ")[0].count("#")          # the baseline (+ the candidate, when it is feasible)
@@ -128,9 +129,44 @@ def test_daemon_schedules_beside_a_confirmation_and_writes_the_report(env: None,
     b_starts = [_ts(t) for (t,) in _q(db, "select t.started_at from autotune_trials t join autotune_studies s "
                                           "on s.id = t.study_id where s.name = 'b' and t.lease is not null")]
     inside = [t for t in b_starts if start < t < stop]
-    # the confirmation holds one slot; b's trials go on on the other
+    # each round of the confirmation holds one slot; b's trials go on beside its last round
     assert inside, (start, stop, b_starts)
     leases = [json.loads(x) for (x,) in _q(db, "select lease from autotune_confirmations")]
     assert all(len(x["slots"]) == 1 for x in leases)
     assert queue.entry("b").state == "queued"          # drained mid-study: the next daemon continues it
+    assert not servers_in(tmp_path, "sim-serve")
+
+
+def test_confirmation_rounds_run_at_once_on_free_slots_and_show_names_them(servers_in, sim_spec,
+                                                                          tmp_path: Path) -> None:
+    """Three free slots, three rounds: the rounds run at the same time, each on its own slot with its pair
+    (the baseline and the candidate of that round share it), and `show` says where each repeat ran."""
+    import subprocess
+    import sys
+
+    spec = sim_spec("pack", engine={"time_scale": 10}, load={"requests_per_step": 16},
+                    confirm={"enabled": True, "top_k": 1, "repeats": 3})
+    p = subprocess.run([sys.executable, "-m", "autotune", "run", "--study", str(spec), "--n-trials", "2",
+                        "--gpus", "0-2", "--parallel", "3", "--no-progress"],
+                       capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert p.returncode == 0, p.stdout + p.stderr
+    db = tmp_path / "pack.db"
+    rows = _q(db, "select round, lease, started_at, finished_at from autotune_confirmations")
+    rounds: dict[int, dict] = {}
+    for r, lease, started, finished in rows:
+        slots = tuple(json.loads(lease)["slots"])
+        x = rounds.setdefault(r, {"slots": set(), "start": _ts(started), "end": _ts(finished)})
+        x["slots"].add(slots)
+        x["start"], x["end"] = min(x["start"], _ts(started)), max(x["end"], _ts(finished))
+    assert sorted(rounds) == [0, 1, 2], rows
+    assert all(len(x["slots"]) == 1 for x in rounds.values())           # a round's repeats: one lease
+    assert len({next(iter(x["slots"])) for x in rounds.values()}) == 3   # three rounds, three slots
+    overlapping = [(a, b) for a in rounds for b in rounds if a < b
+                   and rounds[a]["start"] < rounds[b]["end"] and rounds[b]["start"] < rounds[a]["end"]]
+    assert len(overlapping) == 3, rounds                                 # all at the same time
+    show = subprocess.run([sys.executable, "-m", "autotune", "show", "--storage", f"sqlite:///{db}"],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    slot = {r: next(iter(x["slots"]))[0] for r, x in rounds.items()}
+    where = f"ran on r1 slot {slot[0]}, r2 slot {slot[1]}, r3 slot {slot[2]}"
+    assert where in " ".join(show.stdout.split()), show.stdout          # (the table may wrap the line)
     assert not servers_in(tmp_path, "sim-serve")

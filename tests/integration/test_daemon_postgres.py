@@ -140,8 +140,9 @@ def test_two_daemons_share_one_study_and_survive_a_sigkill(postgres_url: str, en
     live = httpx.get(f"http://127.0.0.1:{ports['b']}/status").json()
     assert live["daemon"]["host"] == "host-b" and [g["slot"] for g in live["gpus"]] == [2, 3]
     metrics = httpx.get(f"http://127.0.0.1:{ports['b']}/metrics").text
-    assert 'autotune_trials{study="shared",state="interrupted",cause="interrupted"}' in metrics
-    assert re.search(r'autotune_gpu_busy_seconds_total\{host="host-b",gpu="2"\} [1-9]', metrics)
+    # prometheus-client writes labels sorted by name
+    assert 'autotune_trials{cause="interrupted",state="interrupted",study="shared"}' in metrics
+    assert re.search(r'autotune_gpu_busy_seconds_total\{gpu="2",host="host-b"\} [1-9]', metrics)
     assert 'gpu="0"' not in metrics                     # B's pool is slots 2 and 3
     assert 'autotune_trial_duration_seconds_count{study="shared"}' in metrics
 

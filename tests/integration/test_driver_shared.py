@@ -12,7 +12,7 @@ import pytest
 from optuna.trial import TrialState
 from sqlalchemy import text
 
-from autotune.daemon.heartbeat import Heartbeats
+from autotune.node.heartbeat import Heartbeats
 from autotune.errors import UserError
 from autotune.tuner.command import prepare_spec
 from autotune.tuner.driver import StudyDriver, layout_gpus

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
-from typing import Iterator
 
 import pytest
 
@@ -107,31 +105,6 @@ def test_is_wide():
     assert is_wide(((10, -0.5), None), True, 1024, 0.25)              # never broke below the cap
     assert not is_wide(((16, -0.5), None), True, 16, 0.25)            # passed at the cap itself
     assert not is_wide((None, (1, 0.3)), True, 1024, 0.25)
-
-
-@pytest.fixture()
-def mock_in_thread() -> Iterator[str]:
-    """The mock server on its own event loop in a thread, for a command that runs asyncio itself."""
-    ready, box = threading.Event(), {}
-
-    def main() -> None:
-        loop = asyncio.new_event_loop()
-        done = asyncio.Event()
-
-        async def run() -> None:
-            async with mock(mode="batch", step_ms=2, per_seq_ms=0.25) as url:
-                box["url"], box["done"], box["loop"] = url, done, loop
-                ready.set()
-                await done.wait()
-
-        loop.run_until_complete(run())
-
-    t = threading.Thread(target=main, daemon=True)
-    t.start()
-    assert ready.wait(10)
-    yield box["url"]
-    box["loop"].call_soon_threadsafe(box["done"].set)
-    t.join(10)
 
 
 def test_bench_resets_the_cache_and_marks_a_flattered_run(mock_in_thread, monkeypatch, capsys, tmp_path):

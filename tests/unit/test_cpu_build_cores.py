@@ -1,8 +1,8 @@
 """On vLLM's CPU build the server's OpenMP threads spin on every core they get: a load client sharing those
 cores is starved and flags itself `client_saturated`. A CPU-build lease of two cores or more therefore
 binds the server's compute threads to all but the last core (VLLM_CPU_OMP_THREADS_BIND) and pins the
-load client to the last one; the server's processes keep the whole lease. A GPU lease keeps one shared
-set, as before."""
+load client (its measurement worker process) to the last one; the server's processes keep the whole
+lease. A GPU lease keeps one shared set, as before."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Sequence
 import pytest
 
 import autotune.tuner.trial as trial_module
-from autotune.daemon.pool import Lease
+from autotune.node.pool import Lease
 from autotune.engine.base import Engine, EngineFailure, LaunchRequest, Server, StartupInfo
 from autotune.spec import build_spec
 from autotune.store.repository import ResultStore
@@ -78,9 +78,13 @@ def test_the_runner_launches_and_pins_by_that_split(tmp_path: Path, monkeypatch:
     spec = build_spec({"name": "cores", "model": str(tmp_path), "engine": {"kind": "vllm", "command": ["vllm"]},
                        "storage": f"sqlite:///{tmp_path}/c.db", "telemetry": {"source": "cpu"}}, "test")
     engine = _Recorder()
-    pinned: list[tuple[int, ...]] = []
-    real_pin = trial_module._pin_thread
-    monkeypatch.setattr(trial_module, "_pin_thread", lambda cores: (pinned.append(tuple(cores)), real_pin(()))[1])
+    pinned: list[tuple[int, ...]] = []       # the cores each measurement worker (the load client) was given
+
+    class Recorded(trial_module.Worker):
+        def start(self) -> trial_module.Worker:
+            pinned.append(self.cores)
+            return super().start()
+    monkeypatch.setattr(trial_module, "Worker", Recorded)
     runner = TrialRunner(spec, engine, get_source("cpu"), ResultStore(spec.storage_url), tmp_path, [], None)
     lease = Lease(host="h", gpus=tuple(gpus), slots=(0,), cores=(0, 1), port_base=trial_module.find_free_port())
     outcome = runner.run(0, [], [], lambda text: None, lease=lease)

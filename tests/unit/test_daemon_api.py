@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from autotune.daemon.api import StatusServer, check_listen, read_token
-from autotune.daemon.metrics import BusyClock, prometheus
+from autotune.daemon.metrics import BusyClock, Reading, registry_for, render
 from autotune.errors import UserError
 from autotune.store.models import TrialRecord
 from autotune.store.urls import mask_url
@@ -73,19 +73,38 @@ def _trial(n: int, state: str, cause: str | None, seconds: float | None) -> Tria
 
 
 def test_prometheus_text() -> None:
+    """The daemon's registry, read back by prometheus-client's own parser (what a scraper sees)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    t4 = _trial(4, "ok", None, 20)
+    t4.client = {"pid": 1, "cpu_s": 4.0, "wall_s": 16.0, "cpu_share": 0.25}
     trials = {"s": [_trial(0, "ok", None, 40), _trial(1, "failed", "startup_oom", 10),
-                    _trial(2, "ok", None, 200), _trial(3, "running", None, None)]}
-    text = prometheus(trials, {0: 12.5, 1: 0.0}, host="h1", queue_states={"queued": 1}, draining=False)
-    lines = set(text.splitlines())
-    assert 'autotune_trials{study="s",state="ok",cause=""} 2' in lines
-    assert 'autotune_trials{study="s",state="failed",cause="startup_oom"} 1' in lines
-    assert 'autotune_trials{study="s",state="running",cause=""} 1' in lines
-    assert 'autotune_gpu_busy_seconds_total{host="h1",gpu="0"} 12.500' in lines
-    assert 'autotune_trial_duration_seconds_bucket{study="s",le="15"} 1' in lines
-    assert 'autotune_trial_duration_seconds_bucket{study="s",le="60"} 2' in lines
-    assert 'autotune_trial_duration_seconds_bucket{study="s",le="+Inf"} 3' in lines
-    assert 'autotune_trial_duration_seconds_sum{study="s"} 250.000' in lines
-    assert "# TYPE autotune_trial_duration_seconds histogram" in lines
+                    _trial(2, "ok", None, 200), _trial(3, "running", None, None), t4]}
+    reading = Reading(trials, {0: 12.5, 1: 0.0}, "h1", queue_states={"queued": 1}, draining=False, uptime_s=50.0,
+                      running=1)
+    text = render(registry_for(lambda: reading))
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+    def value(name: str, **labels: str) -> float:
+        return samples[(name, tuple(sorted(labels.items())))]
+
+    assert value("autotune_trials", study="s", state="ok", cause="") == 3
+    assert value("autotune_trials", study="s", state="failed", cause="startup_oom") == 1
+    assert value("autotune_trials", study="s", state="running", cause="") == 1
+    assert value("autotune_gpu_busy_seconds_total", host="h1", gpu="0") == 12.5
+    assert value("autotune_slot_busy_ratio", host="h1", gpu="0") == 0.25
+    assert value("autotune_trial_duration_seconds_bucket", study="s", le="15.0") == 1
+    assert value("autotune_trial_duration_seconds_bucket", study="s", le="60.0") == 3
+    assert value("autotune_trial_duration_seconds_bucket", study="s", le="+Inf") == 4
+    assert value("autotune_trial_duration_seconds_sum", study="s") == 270.0
+    assert value("autotune_trial_client_cpu_seconds_count", study="s") == 1
+    assert value("autotune_trial_client_cpu_share_bucket", study="s", le="0.25") == 1
+    assert value("autotune_running_jobs", host="h1") == 1 and value("autotune_queue_studies", state="queued") == 1
+    assert "# TYPE autotune_trial_duration_seconds histogram" in text
+    # the exact lines the multi-host test matches on (prometheus-client writes labels sorted by name)
+    assert 'autotune_trials{cause="startup_oom",state="failed",study="s"} 1.0' in text.splitlines()
+    assert 'autotune_trial_duration_seconds_count{study="s"} 4.0' in text.splitlines()
 
 
 def test_busy_clock() -> None:

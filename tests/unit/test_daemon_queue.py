@@ -100,7 +100,7 @@ def test_resolve_makes_a_local_model_absolute(tmp_path: Path) -> None:
 def test_submit_to_checks_what_a_client_posts(tmp_path: Path) -> None:
     """POST /submit reaches the same function as `submit --storage`: a body that is not a valid
     resolved spec is a one-line error, and nothing is queued."""
-    from autotune.daemon.command import submit_to
+    from autotune.daemon.queue import submit_to
 
     url = f"sqlite:///{tmp_path / 'q.db'}"
     with pytest.raises(UserError, match="needs name and spec"):

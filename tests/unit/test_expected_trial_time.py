@@ -4,7 +4,7 @@ import datetime as dt
 from types import SimpleNamespace
 
 from autotune import causes
-from autotune.tuner.study import expected_trial_s
+from autotune.tuner.driver import expected_trial_s
 
 T0 = dt.datetime(2026, 11, 29, 12, 0, 0)
 

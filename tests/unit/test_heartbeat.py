@@ -11,7 +11,7 @@ from pathlib import Path
 
 from sqlalchemy import text
 
-from autotune.daemon.heartbeat import Heartbeats
+from autotune.node.heartbeat import Heartbeats
 from autotune.store.repository import make_engine
 
 
@@ -53,7 +53,7 @@ def test_a_missing_row_is_stale_only_after_the_limit_as_the_observer_counts(tmp_
 
 def test_an_owner_gone_on_this_host_is_stale_at_once(tmp_path: Path) -> None:
     engine = make_engine(f"sqlite:///{tmp_path}/hb.db")
-    code = ("import sys; from autotune.store.repository import make_engine; from autotune.daemon.heartbeat "
+    code = ("import sys; from autotune.store.repository import make_engine; from autotune.node.heartbeat "
             "import Heartbeats; Heartbeats(make_engine(sys.argv[1]), host='here').beat('trial', '5', 's')")
     subprocess.run([sys.executable, "-c", code, f"sqlite:///{tmp_path}/hb.db"], check=True,
                    env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})

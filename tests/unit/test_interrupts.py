@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from autotune.tuner.study import Interrupted, _interrupts
+from autotune.node.interrupts import Interrupted, _interrupts
 
 
 async def _guarded_work(seconds: float) -> str:
@@ -50,7 +50,7 @@ def _interrupt_worker(main, reason: str) -> tuple[list[str], float]:
     to the worker's end."""
     import threading
 
-    from autotune.tuner.interrupts import Gate, interruptible, run_async, set_gate
+    from autotune.node.interrupts import Gate, interruptible, run_async, set_gate
 
     caught: list[str] = []
     ready = threading.Event()
@@ -99,7 +99,7 @@ def test_a_worker_thread_is_interrupted_inside_an_asyncio_task_without_noise(cap
 def test_asyncio_logs_nothing_for_an_expected_interrupt_but_still_logs_errors(caplog):
     import logging
 
-    import autotune.tuner.interrupts  # noqa: F401 - installs the filter
+    import autotune.node.interrupts  # noqa: F401 - installs the filter
 
     log = logging.getLogger("asyncio")
     log.error("Task exception was never retrieved", exc_info=(Interrupted, Interrupted("SIGTERM"), None))
@@ -109,7 +109,7 @@ def test_asyncio_logs_nothing_for_an_expected_interrupt_but_still_logs_errors(ca
 
 def test_a_cancellation_swallowed_on_the_way_is_escalated(monkeypatch):
     """Code that catches CancelledError (awaiting a task it cancelled) must not keep a trial running."""
-    from autotune.tuner.interrupts import Gate
+    from autotune.node.interrupts import Gate
 
     monkeypatch.setattr(Gate, "ESCALATE_S", 0.3)
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune.daemon.pool import GpuPool, numa_cores, parse_cpulist, parse_gpus, split_cores
+from autotune.node.pool import GpuPool, numa_cores, parse_cpulist, parse_gpus, split_cores
 from autotune.errors import UserError
 
 

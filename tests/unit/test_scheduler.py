@@ -10,10 +10,10 @@ import time
 from types import SimpleNamespace
 from typing import Any
 
-from autotune.daemon.pool import GpuPool, Lease
-from autotune.daemon.scheduler import Scheduler
+from autotune.node.pool import GpuPool, Lease
+from autotune.node.scheduler import Scheduler
 from autotune.tuner.driver import TrialJob
-from autotune.tuner.interrupts import interruptible
+from autotune.node.interrupts import interruptible
 from autotune.tuner.trial import TrialOutcome
 
 T0 = time.monotonic()

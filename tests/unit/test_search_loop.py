@@ -16,7 +16,7 @@ from autotune.space import SearchSpace
 from autotune.spec import build_spec
 from autotune.telemetry import get_source
 from autotune.tuner import search_hooks
-from autotune.daemon.scheduler import Scheduler
+from autotune.node.scheduler import Scheduler
 from autotune.tuner.command import host_pool
 from autotune.tuner.driver import StudyDriver, StudyResult
 from autotune.engine.base import Engine, EngineFailure, LaunchRequest, Server, StartupInfo

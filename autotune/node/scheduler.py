@@ -1,17 +1,19 @@
-"""One scheduler behind `run` and `daemon`: studies by priority lease disjoint GPU sets from the pool,
-each trial runs in its own worker thread, and signals reach every running trial.
+"""One scheduler behind `run` and `daemon`: job sources (a study's driver, node/jobs.py) by priority lease
+disjoint GPU sets from the pool, each job runs in its own job thread (the trial's measurement then in a
+worker process of its own, node/worker.py), and signals reach every running job. It knows jobs, not
+studies: nothing here imports the tuner.
 
 Rules (docs/SCHEDULER.md): higher priority first, round robin within a priority; no pre-emption of a
 running trial; a candidate is asked for only when a slot is free (so it is chosen with every result
 known so far); head-of-line reservation: when the first study in line has a candidate that does not
 fit the free slots, nothing behind it leases until it fits, so a large layout is not starved by a
-stream of small ones (no backfill: trial lengths are not known in advance). A worker thread lives exactly as
-long as its trial, which is what the servers' parent-death signal needs (engine/process.py).
+stream of small ones (no backfill: trial lengths are not known in advance). A job thread lives exactly as
+long as its job, which is what the servers' and workers' parent-death signal needs.
 
-A study's after-budget steps (its confirmation, the daemon's report) are one more job of the same kind:
-once the study is done, it waits in line for a lease (the GPUs its repeats need), runs in a worker
-thread behind a gate, and the study is closed only after it ends. The main loop never blocks on it.
-"""
+A study's after-budget work (its confirmation's rounds, the daemon's report) is more jobs of the same
+kind: once the study is done, each waits in line for a lease (the GPUs its repeats need), runs in a job
+thread behind a gate, and the study is closed only after the last one ends. The main loop never blocks
+on them."""
 
 from __future__ import annotations
 
@@ -24,16 +26,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autotune import causes
-from autotune.daemon.heartbeat import interval_s
-from autotune.daemon.pool import GpuPool, Lease
+from autotune.node.heartbeat import interval_s
+from autotune.node.interrupts import Gate, Interrupted, _interrupts, set_gate
+from autotune.node.jobs import AFTER_BUDGET, Job, JobSource, NodeJob
+from autotune.node.pool import GpuPool, Lease
 from autotune.store.reconnect import patient
-from autotune.tuner.driver import StudyDriver, TrialJob
-from autotune.tuner.interrupts import Gate, Interrupted, _interrupts, set_gate
-from autotune.tuner.trial import TrialOutcome
 
 log = logging.getLogger(__name__)
 _STOP_WAIT_S = 120.0      # how long interrupted workers get to stop their servers
-AFTER_BUDGET = "after-budget"    # the role of a study's after-budget job (no Optuna trial behind it)
 
 
 class _signals(_interrupts):
@@ -74,17 +74,17 @@ class _held:
 
 @dataclass
 class _Entry:
-    driver: StudyDriver
+    driver: JobSource
     priority: int
     seq: int
-    pending: TrialJob | None = None   # asked, waiting for slots (it holds the head of the line)
+    pending: Job | None = None   # asked, waiting for slots (it holds the head of the line)
     waiting_since: float = 0.0
 
 
 @dataclass
 class _Worker:
     entry: _Entry
-    job: TrialJob
+    job: Job
     lease: Lease
     gate: Gate = field(default_factory=Gate)
     phase: str = "starting"
@@ -107,10 +107,10 @@ class Scheduler:
         self._seq = 0
         self._last_recover = 0.0
         self.recover_every_s = interval_s()
-        self.closed: list[tuple[StudyDriver, Any]] = []    # (driver, StudyResult) in the order they ended
+        self.closed: list[tuple[JobSource, Any]] = []    # (driver, StudyResult) in the order they ended
 
     # -- studies ------------------------------------------------------------------------------------
-    def add(self, driver: StudyDriver, priority: int = 0) -> None:
+    def add(self, driver: JobSource, priority: int = 0) -> None:
         """Open the driver (if not yet) and queue it by priority."""
         if not getattr(driver, "_opened", False):
             driver.open()
@@ -215,15 +215,19 @@ class Scheduler:
         return [e for e in list(self._entries) if e.pending is None and e.driver.done()
                 and not self._has_workers(e) and not e.driver.after_budget_due()]
 
-    def _after_budget_job(self, e: _Entry) -> TrialJob | None:
-        """The study's after-budget job, when it is due (done, nothing of it running here). It leases the
-        GPUs its steps ask for on a GPU host, one slot on virtual ones (CPU build, simulator)."""
+    def _after_budget_job(self, e: _Entry) -> Job | None:
+        """The study's next after-budget job, when one is due (its trials done, none of them running here).
+        It leases the GPUs its work asks for on a GPU host, one slot on virtual ones (CPU build, simulator).
+        Several may run at once when the study packs its after-budget work (the confirmation's rounds)."""
         d = e.driver
-        if self._has_workers(e) or not d.after_budget_due():
+        if self._has_workers(e, trials_only=True) or not d.after_budget_due():
             return None
         n = d.after_budget_gpus() if self.pool.physical else 1
-        return TrialJob(study=d.name, number=-1, trial_id=-1, role=AFTER_BUDGET, params={}, flags=[], n_gpus=n,
-                        exclusive=bool(getattr(d.spec, "exclusive", False)))
+        d.after_budget_started = True       # taken now, in this loop: a source is never asked twice for one
+        with self._lock:
+            self._seq += 1
+            number = -self._seq             # unique among this study's jobs (trials have numbers >= 0)
+        return NodeJob(study=d.name, number=number, n_gpus=n, exclusive=bool(d.exclusive))
 
     def _drop_pending(self, e: _Entry, reason: str) -> None:
         """A job waiting for slots that will not start: a trial is re-queued; an after-budget job is left
@@ -236,8 +240,8 @@ class Scheduler:
         elif reason != "cancel" and e.driver.stop_reason is None:
             e.driver.stop_reason = reason
 
-    def _has_workers(self, e: _Entry) -> bool:
-        return any(w.entry is e for w in self._workers.values())
+    def _has_workers(self, e: _Entry, trials_only: bool = False) -> bool:
+        return any(w.entry is e and not (trials_only and w.job.role == AFTER_BUDGET) for w in self._workers.values())
 
     def _line(self) -> list[_Entry]:
         """Who leases first: higher priority; within a priority, a candidate already waiting for slots
@@ -274,7 +278,7 @@ class Scheduler:
                         e.driver.after_budget_started = e.driver.after_budget_finished = True
                         e.driver.progress.message(f"after-budget steps not run here: {why}")
                     else:
-                        e.driver.finish(job, None, TrialOutcome("failed", causes.CONSTRAINT, why))
+                        e.driver.fail(job, causes.CONSTRAINT, why)
                     continue
                 lease = self.pool.try_lease(n, exclusive=job.exclusive)
                 if lease is None:
@@ -288,7 +292,7 @@ class Scheduler:
             else:
                 return
 
-    def _start(self, e: _Entry, job: TrialJob, lease: Lease) -> None:
+    def _start(self, e: _Entry, job: Job, lease: Lease) -> None:
         w = _Worker(e, job, lease)
         record = e.driver.phase_for(job) if job.role != AFTER_BUDGET else e.driver.progress.phase
 
@@ -319,7 +323,8 @@ class Scheduler:
                     return
                 except Exception as exc:            # a bug, not a candidate's failure: record it, go on
                     log.error("trial %s of %s: %s", job.number, job.study, traceback.format_exc())
-                    outcome = TrialOutcome("failed", causes.CRASH, f"autotune error: {exc!r}")
+                    e.driver.fail(job, causes.CRASH, f"autotune error: {exc!r}")
+                    return
                 e.driver.finish(job, lease, outcome)
             except Interrupted as exc:              # arrived after the runner's gate closed
                 e.driver.interrupt(job, exc.reason)

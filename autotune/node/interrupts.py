@@ -1,11 +1,15 @@
 """How a trial is stopped in the middle: signals and the deadline reach the main thread as
-`Interrupted`; the scheduler passes them on to each worker thread through its `Gate`.
+`Interrupted`; the scheduler passes them on to each job thread through its `Gate`.
 
-A worker is interrupted by raising `Interrupted` inside it (CPython's PyThreadState_SetAsyncExc), so a
-trial stops wherever it is, in a load step or while the server starts, the same way Ctrl-C stops the
-main thread. The gate is armed only while the runner holds a started, registered server inside its
+A job thread is interrupted by raising `Interrupted` inside it (CPython's PyThreadState_SetAsyncExc),
+so a trial stops wherever it is, e.g. while its server starts, the same way Ctrl-C stops the main
+thread. The gate is armed only while the runner holds a started, registered server inside its
 try/finally: an exception can then never land between a fork and its bookkeeping, nor inside the
-server's stop, and at most one is ever sent.
+server's stop, and at most one is ever sent. While the job thread waits for its measurement worker
+(node/worker.py), the gate instead calls a canceller (`cancelling`: the worker is told to stop and
+answers), and once the measurement has arrived the gate is `settle`d: a completed measurement is never
+thrown away by an interrupt that comes after it. In the worker process a gate of its own cancels the
+load's event loop (`run_async`).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import os
 import signal
 import threading
 import time
-from typing import Any, Coroutine, TypeVar
+from typing import Any, Callable, Coroutine, TypeVar
 
 T = TypeVar("T")
 
@@ -62,7 +66,7 @@ def _async_raise(thread_id: int, exc: type[BaseException] | None) -> int:
 
 
 class Gate:
-    """One per worker thread. `interrupt` may be called from any thread, any number of times.
+    """One per job thread (and one in each measurement worker). `interrupt` may be called from any thread, any number of times.
 
     While the thread runs an event loop through `run_async`, an interrupt cancels the loop's main task
     (every request and session then closes in order) and `run_async` raises Interrupted; if the thread
@@ -78,6 +82,9 @@ class Gate:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[Any] | None = None
         self._timer: threading.Timer | None = None
+        self._cancel: Callable[[str], None] | None = None
+        self._cancelled = False
+        self._settled = False
         self.reason: str | None = None
 
     def interrupt(self, reason: str) -> None:
@@ -87,7 +94,12 @@ class Gate:
             self._send()
 
     def _send(self) -> None:
-        if self._tid is None or self.reason is None or self._raised:
+        if self._tid is None or self.reason is None or self._raised or self._settled:
+            return
+        if self._cancel is not None:         # the waiter raises once the canceller's side has answered
+            if not self._cancelled:
+                self._cancelled = True
+                self._cancel(self.reason)
             return
         if self._loop is not None and self._task is not None:
             if self._timer is None:
@@ -109,13 +121,31 @@ class Gate:
 
     def _escalate(self) -> None:
         with self._lock:
-            if self._tid is not None and not self._raised:
+            if self._tid is not None and not self._raised and not self._settled:
                 self._raise()
                 if self._loop is not None:      # a thread blocked in select() runs no bytecode: wake it
                     try:
                         self._loop.call_soon_threadsafe(lambda: None)
                     except RuntimeError:
                         pass
+
+    def cancelling(self, cancel: Callable[[str], None]) -> "_cancelling":
+        """`with gate.cancelling(fn):` while the armed thread waits on something that can be told to stop
+        (the measurement worker): an interrupt calls `fn(reason)` once, from the interrupting thread,
+        instead of raising here; the waiter sees the answer and raises Interrupted itself."""
+        return _cancelling(self, cancel)
+
+    def settle(self) -> None:
+        """What this thread waited for has completed (the measurement arrived): from now on an interrupt
+        is noted (`reason`, `check()`) but not delivered here, and one sent but not yet delivered is
+        withdrawn."""
+        with self._lock:
+            self._settled = True
+            self._cancel = None
+            if self._timer is not None:
+                self._timer.cancel()
+            if self._tid is not None and self._raised:
+                _async_raise(self._tid, None)
 
     def check(self) -> None:
         """Raise at once if an interrupt was asked for (call before starting anything costly)."""
@@ -132,6 +162,7 @@ class Gate:
     def __enter__(self) -> "Gate":
         with self._lock:
             self._tid = threading.get_ident()
+            self._settled = False           # armed again (the next repeat of a confirmation): a new wait
             self._send()
         return self
 
@@ -144,9 +175,24 @@ class Gate:
             self._tid = None
 
 
+class _cancelling:
+    def __init__(self, gate: Gate, cancel: Callable[[str], None]) -> None:
+        self.gate, self.cancel = gate, cancel
+
+    def __enter__(self) -> None:
+        with self.gate._lock:
+            self.gate._cancel, self.gate._cancelled = self.cancel, False
+            self.gate._send()
+
+    def __exit__(self, *exc: Any) -> None:
+        with self.gate._lock:
+            self.gate._cancel = None
+
+
 def run_async(coro: Coroutine[Any, Any, T]) -> T:
     """`asyncio.run`, interruptible by this thread's gate: the interrupt cancels the main task, so the
-    load's requests and HTTP sessions close in order, and arrives here as Interrupted."""
+    load's requests and HTTP sessions close in order, and arrives here as Interrupted. A coroutine that
+    completed is returned even when an interrupt came after its end (its result is a measurement)."""
     gate = current_gate()
     if gate is None:
         return asyncio.run(coro)
@@ -159,14 +205,11 @@ def run_async(coro: Coroutine[Any, Any, T]) -> T:
             gate.attach(None, None)
 
     try:
-        result = asyncio.run(main())
+        return asyncio.run(main())
     except asyncio.CancelledError:
         if gate.reason is not None:
             raise Interrupted(gate.reason) from None
         raise
-    if gate.reason is not None:
-        raise Interrupted(gate.reason)
-    return result
 
 
 _local = threading.local()

@@ -28,7 +28,7 @@ from sqlalchemy import and_, delete, func, insert, select, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError, OperationalError
 
-from autotune.daemon.pool import host_name
+from autotune.node.pool import host_name
 from autotune.store.models import HeartbeatRecord
 
 INTERVAL_ENV = "AUTOTUNE_HEARTBEAT_S"

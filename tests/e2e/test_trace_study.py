@@ -63,6 +63,9 @@ def test_study_on_a_private_trace_with_capacity_by_rate_scaling(tmp_path: Path, 
                  "endpoint": "chat"},
         "telemetry": {"source": "cpu", "hz": 5},
         "storage": f"sqlite:///{db}",
+        # the confirmation's three more servers add nothing here: it has its own test on the real engine
+        # (tests/e2e/test_vlm_study.py) and the trace's replay is the same in a repeat
+        "confirm": {"enabled": False},
     }
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(spec))
     run = subprocess.run([*AUTOTUNE, "run", "--study", str(tmp_path / "s.yaml"), "--n-trials", "1", "--no-progress"],

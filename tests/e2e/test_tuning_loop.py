@@ -45,7 +45,7 @@ def _spec(tmp_path: Path, model: Path) -> Path:
         "load": {"mode": "capacity", "search": "concurrency", "max_steps": 3, "requests_per_step": 24, "warmup": 2},
         "telemetry": {"source": "cpu", "hz": 5},
         "storage": f"sqlite:///{tmp_path}/e2e.db",
-        # confirmation starts 6 more servers: it has its own e2e test (test_confirm_vllm.py); the bracket
+        # confirmation starts 6 more servers: it has its own e2e test (test_vlm_study.py); the bracket
         # limit is lifted so that only a saturated client can flag these short searches
         "confirm": {"enabled": False},
     }

@@ -1,7 +1,11 @@
-"""A study with image traffic on vLLM's CPU build (issue 25): studies/demo-cpu-vlm.yaml cut to one trial
-(the baseline) with tiny steps, so it costs the four server starts it cannot do without: the trial and
-three confirmation rounds. The multimodal knobs join the space and pass the engine's own --help check;
-the trial's figures and constraints are per class; the confirmed result exports."""
+"""A study with image traffic on vLLM's CPU build (issue 25), and the confirmation on the real engine:
+studies/demo-cpu-vlm.yaml cut to one trial (the baseline) with tiny steps, so it costs the four server
+starts it cannot do without: the trial and three confirmation rounds. The multimodal knobs join the space
+and pass the engine's own --help check; the trial's figures and constraints are per class; the baseline
+is confirmed by the end of `run` on three freshly started servers through the same trial runner (its
+repeats stored with their own logs and seeds, each starting at the first run's highest met load), and
+`export` writes the confirmed baseline with its spread. (This test also holds what a text-only
+confirmation test on the CPU build held: one study pays for both, four vLLM starts fewer.)"""
 
 from __future__ import annotations
 
@@ -45,15 +49,27 @@ def test_a_vlm_study_with_image_traffic_runs_confirms_and_exports(tmp_path: Path
     assert show["confirmations"]["0"]["repeats"] == 3
     import sqlite3
     with sqlite3.connect(tmp_path / "v.db") as conn:
-        (metrics,), = conn.execute("select metrics from autotune_trials").fetchall()
+        (metrics, first_run), = conn.execute("select metrics, capacity from autotune_trials").fetchall()
+        rows = conn.execute("select round, seed, state, objectives, log_path, capacity from autotune_confirmations "
+                            "order by round").fetchall()
     m = json.loads(metrics)
     assert m["image_completed"] > 0 and m["text_completed"] > 0 and m["images_per_s"] > 0
+    # one repeat a round, each with its own seed, log and capacity search starting at the first run's
+    # highest met load (a stored number)
+    assert [r[0] for r in rows] == [0, 1, 2] and len({r[1] for r in rows}) == 3
+    met = json.loads(first_run)["bracket"][0]
+    for _, _, state, objectives, log_path, capacity in rows:
+        assert state == "ok" and json.loads(objectives)["capacity_tps"] > 0
+        assert Path(log_path).name.startswith("confirm-0000-r") and Path(log_path).is_file()
+        assert json.loads(capacity)["steps"][0]["load"] == float(int(met))
     out = tmp_path / "best.yaml"
     exp = subprocess.run([sys.executable, "-m", "autotune", "export", "--storage", spec["storage"], "--format",
                           "vllm-yaml", "-o", str(out)], capture_output=True, text=True, timeout=60, env=ENV)
     if show["confirmations"]["0"]["survives"]:
         assert exp.returncode == 0, exp.stderr
-        assert "# confirmed: 3 repeats on fresh servers" in out.read_text()
-    else:    # the median capacity fell below the first run's bracket: said, and nothing exported
-        assert exp.returncode == 1 and "no candidate survived confirmation" in exp.stderr
+        head = out.read_text()
+        assert "# confirmed: 3 repeats on fresh servers: capacity_tps" in head and "spread" in head
+        assert "# this is the baseline (vLLM's defaults)" in head
+    else:    # a repeat failed or broke the SLO at every load: said, and nothing exported
+        assert exp.returncode == 1 and "the baseline #0 did not survive its repeats" in exp.stderr
     assert not servers_in(tmp_path, "vllm.entrypoints.openai.api_server")

@@ -1,0 +1,104 @@
+"""Run the whole suite as concurrent pytest streams: `python tests/streams.py [pytest args]`.
+
+Why: most of the suite's wall time is one process waiting on another (a vLLM start that is mostly
+single-threaded imports, a simulator at a time scale, a daemon's poll), which leaves a core idle; run
+one after another, the tests took most of an hour on two cores. Each stream is its own pytest session,
+so a session fixture (PostgreSQL, a shared vLLM server) starts only in the stream whose tests ask for
+it, and once there. How the tests are split: the comment above `streams()`.
+
+Exit code: 0 when every stream passed, else the first non-zero code (pytest's: 1 failures, 2
+interrupted, 5 nothing collected). Every line a stream prints is relayed with its stream's name.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+TESTS = Path(__file__).resolve().parent
+
+# Four streams; every test runs in exactly one. Tests marked `e2e` or `vllm` (tests/conftest.py sets the
+# markers from the fixtures a test asks for) run real vLLM CPU-build servers, one at a time in each of two
+# streams: "vllm-b" takes the files listed below, "vllm-a" every other one (a new real-vLLM test lands
+# there). A vLLM start is mostly single-threaded imports, so two streams of them overlap well on two
+# cores. The other tests split by file: "sim" takes the slow simulator and PostgreSQL files below,
+# "rest" everything else. The lists balance the streams by the timings in docs/TESTING.md.
+REAL_VLLM = "e2e or vllm"
+VLLM_B_FILES = (
+    "e2e/test_vlm_study.py",            # the demo VLM: its study and its shared server (test_bench_vlm)
+    "integration/test_bench_vlm.py",
+    "e2e/test_engine_vllm.py",          # the session's shared text server and its users
+    "integration/test_bench_vllm.py",
+    "integration/test_telemetry_vllm_cpu.py",
+    "integration/test_trace_replay_vllm.py",
+)
+SIM_FILES = (
+    "integration/test_daemon_postgres.py",
+    "integration/test_after_budget_sim.py",
+    "integration/test_confirm_sim.py",
+    "integration/test_capacity_hint.py",
+    "integration/test_plateau_confirm.py",
+    "integration/test_scheduler_sim.py",
+    "integration/test_worker_faults_sim.py",
+)
+
+
+def streams(extra: list[str]) -> dict[str, list[str]]:
+    """Each stream's pytest arguments (files missing from this checkout are left out of the lists)."""
+    def present(files: tuple[str, ...]) -> list[str]:
+        return [str(TESTS / f) for f in files if (TESTS / f).exists()]
+
+    vllm_b, sim = present(VLLM_B_FILES), present(SIM_FILES)
+    base = ["-q", "-p", "no:cacheprovider", "--durations=15", *extra]
+    return {
+        "vllm-a": [*base, "-m", REAL_VLLM, *[f"--ignore={f}" for f in vllm_b], str(TESTS)],
+        "vllm-b": [*base, "-m", REAL_VLLM, *vllm_b],
+        "sim": [*base, "-m", f"not ({REAL_VLLM})", *sim],
+        "rest": [*base, "-m", f"not ({REAL_VLLM})", *[f"--ignore={f}" for f in sim], str(TESTS)],
+    }
+
+
+def _relay(name: str, proc: subprocess.Popen, lock: threading.Lock) -> None:
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        with lock:
+            sys.stdout.write(f"[{name}] {line}")
+            sys.stdout.flush()
+
+
+def main(argv: list[str]) -> int:
+    started = time.monotonic()
+    lock = threading.Lock()
+    procs: dict[str, subprocess.Popen] = {}
+    relays = []
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    try:
+        for name, args in streams(argv).items():
+            procs[name] = subprocess.Popen([sys.executable, "-m", "pytest", *args], stdout=subprocess.PIPE,
+                                           stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
+            relays.append(threading.Thread(target=_relay, args=(name, procs[name], lock), daemon=True))
+            relays[-1].start()
+        codes = {}
+        for name, proc in procs.items():
+            codes[name] = proc.wait()
+    except KeyboardInterrupt:
+        for proc in procs.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGINT)      # pytest ends its session and its fixtures' servers
+        for proc in procs.values():
+            proc.wait()
+        return 2
+    for relay in relays:
+        relay.join(timeout=10)
+    took = time.monotonic() - started
+    print(f"streams: {', '.join(f'{n} exit {c}' for n, c in codes.items())}; {took:.0f} s in all")
+    return next((c for c in codes.values() if c not in (0, 5)), 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 DEMO   := models/demo
 DB     := sqlite:///studies/demo-cpu.db
 
-.PHONY: setup demo-model run test test-fast postgres clean chromium
+.PHONY: setup demo-model run test test-serial test-fast postgres clean chromium
 
 setup: $(STAMP)
 
@@ -36,6 +36,9 @@ chromium:
 	else echo "chromium is missing and cannot be installed here (not root or no apt-get): the browser test will skip"; fi
 
 test: demo-model postgres chromium
+	$(PY) tests/streams.py
+
+test-serial: demo-model postgres chromium
 	$(PY) -m pytest -q -p no:cacheprovider --durations=25
 
 # PostgreSQL server binaries for the multi-host tests (they start a throwaway server themselves):

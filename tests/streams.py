@@ -83,9 +83,15 @@ def main(argv: list[str]) -> int:
                                            stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
             relays.append(threading.Thread(target=_relay, args=(name, procs[name], lock), daemon=True))
             relays[-1].start()
-        codes = {}
+        codes, cpu = {}, {}
         for name, proc in procs.items():
-            codes[name] = proc.wait()
+            # wait4: the stream's CPU seconds, its own and those of every process it reaped (servers, runs)
+            _, status, usage = os.wait4(proc.pid, 0)
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            codes[name], cpu[name] = proc.returncode, usage.ru_utime + usage.ru_stime
+            with lock:
+                print(f"[{name}] ended: exit {codes[name]}, {time.monotonic() - started:.0f} s after the start, "
+                      f"{cpu[name]:.0f} CPU s", flush=True)
     except KeyboardInterrupt:
         for proc in procs.values():
             if proc.poll() is None:
@@ -96,7 +102,8 @@ def main(argv: list[str]) -> int:
     for relay in relays:
         relay.join(timeout=10)
     took = time.monotonic() - started
-    print(f"streams: {', '.join(f'{n} exit {c}' for n, c in codes.items())}; {took:.0f} s in all")
+    print(f"streams: {', '.join(f'{n} exit {c}' for n, c in codes.items())}; {took:.0f} s in all, "
+          f"{sum(cpu.values()):.0f} CPU s")
     return next((c for c in codes.values() if c not in (0, 5)), 0)
 
 

@@ -78,9 +78,20 @@ def light_flags() -> list[str]:
     return list(LIGHT_FLAGS)
 
 
+def _made_once(make: Any) -> Path:
+    """`make()` under a lock on models/: `make test` runs several pytest sessions at once
+    (tests/streams.py), and two of them writing one model would let a third read it half written."""
+    import fcntl
+
+    (REPO / "models").mkdir(exist_ok=True)
+    with open(REPO / "models" / ".write.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return make()
+
+
 @pytest.fixture(scope="session")
 def demo_model_dir() -> Path:
-    return write_demo_model(REPO / "models" / "demo")
+    return _made_once(lambda: write_demo_model(REPO / "models" / "demo"))
 
 
 def _shared_server(model: Path, flags: list[str], factory: pytest.TempPathFactory, what: str,
@@ -116,7 +127,7 @@ def demo_vlm_dir() -> Path:
     pytest.importorskip("transformers")
     from autotune.demo_vlm import write_demo_vlm
 
-    return write_demo_vlm(REPO / "models" / "demo-vlm", "idefics3")
+    return _made_once(lambda: write_demo_vlm(REPO / "models" / "demo-vlm", "idefics3"))
 
 
 @pytest.fixture(scope="session")

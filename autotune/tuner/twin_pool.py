@@ -176,9 +176,9 @@ def _work(job: TwinJob, tasks: Any, results: Any, allowed: Any, index: int, core
           nice: int) -> None:
     """A worker: low priority, the given cores, dies with its parent; predicts chunks until none are left
     or it is retired."""
-    from autotune.engine.process import _parent_death_signal
+    from autotune.prctl import parent_death_signal
 
-    _parent_death_signal()
+    parent_death_signal()
     os.nice(nice)
     try:
         os.sched_setaffinity(0, cores)

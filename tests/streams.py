@@ -22,26 +22,16 @@ from pathlib import Path
 
 TESTS = Path(__file__).resolve().parent
 
-# Four streams; every test runs in exactly one. Tests marked `e2e` or `vllm` (tests/conftest.py sets the
-# markers from the fixtures a test asks for) run real vLLM CPU-build servers, one at a time in each of two
-# streams: "vllm-b" takes the files listed below, "vllm-a" every other one (a new real-vLLM test lands
-# there). A vLLM start is mostly single-threaded imports, so two streams of them overlap well on two
-# cores. The other tests split by file: "sim" takes the slow simulator and PostgreSQL files below,
-# "rest" everything else. The lists balance the streams by the timings in docs/TESTING.md.
+# Three streams; every test runs in exactly one. "vllm": the tests marked `e2e` or `vllm` (tests/conftest.py
+# sets the markers from the fixtures a test asks for), which run real vLLM CPU-build servers; they keep
+# one stream so that two servers never start at once (a start is three processes importing torch and
+# vLLM one after another: two at once beside the other streams took over four minutes). The other tests
+# split by file: "sim" takes the slow simulator and PostgreSQL files below, "rest" everything else; the
+# list balances the streams by the timings in docs/TESTING.md.
 REAL_VLLM = "e2e or vllm"
-VLLM_B_FILES = (
-    "e2e/test_vlm_study.py",            # the demo VLM: its study and its shared server (test_bench_vlm)
-    "integration/test_bench_vlm.py",
-    "e2e/test_engine_vllm.py",          # the session's shared text server and its users
-    "integration/test_bench_vllm.py",
-    "integration/test_telemetry_vllm_cpu.py",
-    "integration/test_trace_replay_vllm.py",
-)
 SIM_FILES = (
     "integration/test_daemon_postgres.py",
     "integration/test_after_budget_sim.py",
-    "integration/test_confirm_sim.py",
-    "integration/test_capacity_hint.py",
     "integration/test_plateau_confirm.py",
     "integration/test_scheduler_sim.py",
     "integration/test_worker_faults_sim.py",
@@ -49,15 +39,11 @@ SIM_FILES = (
 
 
 def streams(extra: list[str]) -> dict[str, list[str]]:
-    """Each stream's pytest arguments (files missing from this checkout are left out of the lists)."""
-    def present(files: tuple[str, ...]) -> list[str]:
-        return [str(TESTS / f) for f in files if (TESTS / f).exists()]
-
-    vllm_b, sim = present(VLLM_B_FILES), present(SIM_FILES)
+    """Each stream's pytest arguments (files missing from this checkout are left out of the list)."""
+    sim = [str(TESTS / f) for f in SIM_FILES if (TESTS / f).exists()]
     base = ["-q", "-p", "no:cacheprovider", "--durations=15", *extra]
     return {
-        "vllm-a": [*base, "-m", REAL_VLLM, *[f"--ignore={f}" for f in vllm_b], str(TESTS)],
-        "vllm-b": [*base, "-m", REAL_VLLM, *vllm_b],
+        "vllm": [*base, "-m", REAL_VLLM, str(TESTS)],
         "sim": [*base, "-m", f"not ({REAL_VLLM})", *sim],
         "rest": [*base, "-m", f"not ({REAL_VLLM})", *[f"--ignore={f}" for f in sim], str(TESTS)],
     }

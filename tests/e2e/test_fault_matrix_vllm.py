@@ -27,7 +27,7 @@ def test_port_taken_then_bad_config_on_the_real_cpu_build(tmp_path: Path, demo_m
         "name": "vllm-faults", "model": str(demo_model_dir),
         "engine": {"kind": "vllm", "command": ["{python}", "-m", "vllm.entrypoints.openai.api_server"],
                    "extra_flags": ["--dtype", "bfloat16", "--gpu-memory-utilization", "0.15", "--enforce-eager"],
-                   "startup_timeout_s": 240},
+                   "startup_timeout_s": 600},
         "search_space": {"params": {"max_model_len": {"type": "categorical", "choices": [512, 4096]},
                                     "max_num_seqs": {"type": "int", "low": 2, "high": 8}}},
         "baseline": {"max_model_len": 4096},   # above max_position_embeddings (2048): vLLM refuses it

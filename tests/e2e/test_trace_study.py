@@ -54,7 +54,7 @@ def test_study_on_a_private_trace_with_capacity_by_rate_scaling(tmp_path: Path, 
         "name": "trace-e2e", "model": str(demo_model_dir),
         "engine": {"kind": "vllm", "command": ["{python}", "-m", "vllm.entrypoints.openai.api_server"],
                    "extra_flags": ["--dtype", "bfloat16", "--max-model-len", "512", "--enforce-eager"],
-                   "startup_timeout_s": 240},
+                   "startup_timeout_s": 600},
         "search_space": {"params": {"max_num_seqs": {"type": "int", "low": 4, "high": 16, "log": True}}},
         "baseline": {"gpu_memory_utilization": 0.1},
         "workload": {"kind": "trace", "path": str(trace)},
@@ -69,7 +69,7 @@ def test_study_on_a_private_trace_with_capacity_by_rate_scaling(tmp_path: Path, 
     }
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(spec))
     run = subprocess.run([*AUTOTUNE, "run", "--study", str(tmp_path / "s.yaml"), "--n-trials", "1", "--no-progress"],
-                         capture_output=True, text=True, timeout=480, cwd=tmp_path,   # servers inherit the cwd
+                         capture_output=True, text=True, timeout=1200, cwd=tmp_path,  # servers inherit the cwd
                          env={**os.environ, "PYTHONPATH": str(REPO)})
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert not servers_in(tmp_path, "vllm.entrypoints.openai.api_server")

@@ -32,7 +32,7 @@ def _spec(tmp_path: Path, model: Path) -> Path:
         "model": str(model),
         "engine": {"kind": "vllm", "command": ["{python}", "-m", "vllm.entrypoints.openai.api_server"],
                    "extra_flags": ["--dtype", "bfloat16", "--max-model-len", "512", "--enforce-eager"],
-                   "startup_timeout_s": 240},
+                   "startup_timeout_s": 600},
         "search_space": {"params": {
             "gpu_memory_utilization": {"type": "categorical", "choices": [0.1, 0.15, 0.99]},
             "max_num_seqs": {"type": "int", "low": 4, "high": 16, "log": True},
@@ -134,7 +134,7 @@ def test_tune_kill_resume_show_export(autotune_run, servers_in, wait_until, tmp_
     proc = spawn([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--config", str(best),
                   "--host", "127.0.0.1", "--port", str(port)], tmp_path / "from-config.log")
     try:
-        deadline = time.monotonic() + 240
+        deadline = time.monotonic() + 600
         status = None
         while time.monotonic() < deadline and proc.poll() is None:
             try:

@@ -77,18 +77,23 @@ def _waiting_roles(driver: StudyDriver) -> list[str]:
 
 
 def test_a_second_study_with_the_same_key_ranks_from_the_cache(tmp_path: Path) -> None:
-    first = _driver(tmp_path, "first")
-    warm = first.warm
-    assert warm is not None and warm.pool is not None and warm.pending()   # ranking in its processes
-    assert warm.finished(240), "the twin's workers did not finish"
-    assert not warm.pending() and _waiting_roles(first) == ["baseline", "warm_start", "warm_start"]
-    files = list((tmp_path / FOLDER).glob("*.json"))
-    assert len(files) == 1
-    first.heartbeats.stop()
+    drivers: list[StudyDriver] = []
+    try:     # a failure must not leave a driver's heartbeat thread running into the tests after this one
+        first = _driver(tmp_path, "first")
+        drivers.append(first)
+        warm = first.warm
+        assert warm is not None and warm.pool is not None and warm.pending()   # ranking in its processes
+        assert warm.finished(240), "the twin's workers did not finish"
+        assert not warm.pending() and _waiting_roles(first) == ["baseline", "warm_start", "warm_start"]
+        files = list((tmp_path / FOLDER).glob("*.json"))
+        assert len(files) == 1
 
-    second = _driver(tmp_path, "second")                      # same model, GPU, workload, space, seed
-    assert second.warm is not None and second.warm.pool is None  # no process started: all from the cache
-    assert not second.warm.pending()                          # the picks are in before any launch
-    assert _waiting_roles(second) == ["baseline", "warm_start", "warm_start"]
-    assert [p.params for p in second.warm.picks] == [p.params for p in warm.picks]
-    second.heartbeats.stop()
+        second = _driver(tmp_path, "second")                      # same model, GPU, workload, space, seed
+        drivers.append(second)
+        assert second.warm is not None and second.warm.pool is None  # no process started: all from the cache
+        assert not second.warm.pending()                          # the picks are in before any launch
+        assert _waiting_roles(second) == ["baseline", "warm_start", "warm_start"]
+        assert [p.params for p in second.warm.picks] == [p.params for p in warm.picks]
+    finally:
+        for driver in drivers:
+            driver.heartbeats.stop()

@@ -70,11 +70,16 @@ def main(argv: list[str]) -> int:
             relays.append(threading.Thread(target=_relay, args=(name, procs[name], lock), daemon=True))
             relays[-1].start()
         codes, cpu = {}, {}
-        for name, proc in procs.items():
-            # wait4: the stream's CPU seconds, its own and those of every process it reaped (servers, runs)
-            _, status, usage = os.wait4(proc.pid, 0)
-            proc.returncode = os.waitstatus_to_exitcode(status)
-            codes[name], cpu[name] = proc.returncode, usage.ru_utime + usage.ru_stime
+        by_pid = {proc.pid: name for name, proc in procs.items()}
+        while len(codes) < len(procs):
+            # whichever stream ends next (this process has no other children), with its CPU seconds:
+            # its own and those of every process it reaped (servers, runs)
+            pid, status, usage = os.wait4(-1, 0)
+            if pid not in by_pid:
+                continue
+            name = by_pid[pid]
+            procs[name].returncode = os.waitstatus_to_exitcode(status)
+            codes[name], cpu[name] = procs[name].returncode, usage.ru_utime + usage.ru_stime
             with lock:
                 print(f"[{name}] ended: exit {codes[name]}, {time.monotonic() - started:.0f} s after the start, "
                       f"{cpu[name]:.0f} CPU s", flush=True)
@@ -88,7 +93,7 @@ def main(argv: list[str]) -> int:
     for relay in relays:
         relay.join(timeout=10)
     took = time.monotonic() - started
-    print(f"streams: {', '.join(f'{n} exit {c}' for n, c in codes.items())}; {took:.0f} s in all, "
+    print(f"streams: {', '.join(f'{n} exit {codes[n]}' for n in procs)}; {took:.0f} s in all, "
           f"{sum(cpu.values()):.0f} CPU s")
     return next((c for c in codes.values() if c not in (0, 5)), 0)
 

@@ -83,6 +83,14 @@ d = sys.argv[1]
 best = json.load(open(f"{d}/text-best.json"))
 flags = flags_to_mapping(best["flags"])            # the study's fixed flags and the winner's own
 flags.pop("max_model_len", None)                   # fixed in both specs alike
+def number(v):   # '0.94' -> 0.94, '133' -> 133: a string never matches a numeric knob, and the driver then
+    for cast in (int, float):   # records the space's default as the baseline's param (seen 2026-12-02)
+        try:
+            return cast(v)
+        except (TypeError, ValueError):
+            pass
+    return v
+flags = {k: number(v) if isinstance(v, str) else v for k, v in flags.items()}
 spec = yaml.safe_load(open("studies/h200-qwen2.5-vl-7b-images.yaml"))
 spec["name"] = "h200-qwen2.5-vl-7b-text-winner-under-images"
 spec["baseline"] = flags

@@ -11,12 +11,15 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+import pytest
 from optuna.trial import TrialState
 
 from autotune.tuner.command import prepare_spec
 from autotune.tuner.driver import StudyDriver
 from autotune.tuner.progress import Progress
 from autotune.tuner.twin_cache import FOLDER
+
+pytestmark = pytest.mark.study     # whole studies in their own processes (make test-fast skips them)
 
 
 def test_the_baseline_loads_when_its_server_is_ready_with_the_picks_ranked_by_then(autotune_run, sim_spec,

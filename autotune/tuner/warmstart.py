@@ -88,7 +88,7 @@ def rank(space: SearchSpace, predicted: Sequence[tuple[dict[str, Any], "dict[str
          objective: str, maximize: bool, k: int, sampled: Sequence[str] = ()) -> tuple[list[Pick], Ranking]:
     """The picks and the ranking from the twin's predictions of candidates (None: it cannot start), all
     of them or as many as were ranked by a deadline. `sampled`: the knobs the twin does not model (the
-    sampler draws them for every pick)."""
+    pick draws them: complete_pick)."""
     scored = [(float(pred[objective]), cand, pred) for cand, pred in predicted
               if pred is not None and pred.get(objective) is not None]
     scored.sort(key=lambda s: -s[0] if maximize else s[0])

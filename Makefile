@@ -50,7 +50,7 @@ postgres:
 	else echo "PostgreSQL server binaries missing (apt-get install postgresql as root): the PostgreSQL tests will skip"; fi
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider -m "not e2e and not vllm and not postgres and not browser"
+	$(PY) tests/streams.py --fast
 
 clean:
 	rm -rf $(VENV) $(DEMO) studies/*.db studies/*-logs

@@ -29,8 +29,10 @@ VLM_FLAGS = ["--dtype", "bfloat16", "--max-model-len", "2048", "--gpu-memory-uti
 
 
 # What a test needs, read off the fixtures it asks for, so that a marker cannot be forgotten: `make
-# test-fast` deselects these (tests under tests/e2e/ are `e2e` by their folder).
-_NEEDS = {"vllm_server": "vllm", "vlm_server": "vllm", "postgres_server": "postgres", "postgres_url": "postgres"}
+# test-fast` deselects these (tests under tests/e2e/ are `e2e` by their folder). `study`: a whole study
+# in its own processes (a run or a daemon, a server per trial), tens of seconds to minutes each.
+_NEEDS = {"vllm_server": "vllm", "vlm_server": "vllm", "postgres_server": "postgres", "postgres_url": "postgres",
+          "autotune_run": "study", "sim_spec": "study"}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -1,13 +1,17 @@
-"""Run the whole suite as concurrent pytest streams: `python tests/streams.py [pytest args]`.
+"""Run the whole suite as a pool of concurrent pytest sessions: `python tests/streams.py [--fast] [pytest args]`.
 
 Why: most of the suite's wall time is one process waiting on another (a vLLM start that is mostly
 single-threaded imports, a simulator at a time scale, a daemon's poll), which leaves a core idle; run
-one after another, the tests took most of an hour on two cores. Each stream is its own pytest session,
-so a session fixture (PostgreSQL, a shared vLLM server) starts only in the stream whose tests ask for
-it, and once there. How the tests are split: the comment above `streams()`.
+one after another, the tests took most of an hour on two cores. Three fixed streams (session 11) left
+the machine half idle for the last third of the run while the real-vLLM stream finished alone. So the
+suite is cut into jobs (a pytest session each: an e2e file, a slow simulator file, the tests that share
+a session fixture, the quick rest) and a pool runs them longest first, three at a time, at most two of
+them starting real vLLM servers (three vLLM starts at once beside other work passed their bounds).
 
-Exit code: 0 when every stream passed, else the first non-zero code (pytest's: 1 failures, 2
-interrupted, 5 nothing collected). Every line a stream prints is relayed with its stream's name.
+Every test runs in exactly one job: the shared-server tests (`-m vllm`) and the PostgreSQL tests
+(`-m postgres`) are selected by marker over the whole tree, so that their session fixture starts once;
+every other job takes whole files and leaves those markers out. Exit code: 0 when every job passed (or
+collected nothing), else the first failing job's code (pytest's: 1 failures, 2 interrupted).
 """
 
 from __future__ import annotations
@@ -18,84 +22,139 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 TESTS = Path(__file__).resolve().parent
+SLOTS = 3            # jobs at once (two cores: a third job fills the gaps of the other two)
+VLLM_SLOTS = 2       # of which start real vLLM servers
+OTHERS = "not (e2e or vllm or postgres)"
+FAST = "not (e2e or vllm or postgres or browser or study)"     # `--fast`: the developer's loop (make test-fast)
 
-# Three streams; every test runs in exactly one. "vllm": the tests marked `e2e` or `vllm` (tests/conftest.py
-# sets the markers from the fixtures a test asks for), which run real vLLM CPU-build servers; they keep
-# one stream so that two servers never start at once (a start is three processes importing torch and
-# vLLM one after another: two at once beside the other streams took over four minutes). The other tests
-# split by file: "sim" takes the slow simulator and PostgreSQL files below, "rest" everything else; the
-# list balances the streams by the timings in docs/TESTING.md.
-REAL_VLLM = "e2e or vllm"
-SIM_FILES = (
-    "integration/test_daemon_postgres.py",
-    "integration/test_after_budget_sim.py",
-    "integration/test_plateau_confirm.py",
-    "integration/test_scheduler_sim.py",
-    "integration/test_worker_faults_sim.py",
-)
-
-
-def streams(extra: list[str]) -> dict[str, list[str]]:
-    """Each stream's pytest arguments (files missing from this checkout are left out of the list)."""
-    sim = [str(TESTS / f) for f in SIM_FILES if (TESTS / f).exists()]
-    base = ["-q", "-p", "no:cacheprovider", "--durations=15", *extra]
-    return {
-        "vllm": [*base, "-m", REAL_VLLM, str(TESTS)],
-        "sim": [*base, "-m", f"not ({REAL_VLLM})", *sim],
-        "rest": [*base, "-m", f"not ({REAL_VLLM})", *[f"--ignore={f}" for f in sim], str(TESTS)],
-    }
+# Seconds each heavy job took beside two others (docs/TESTING.md); the pool starts the longest first,
+# so that no long job starts last. A file not named here is assumed short and joins "rest".
+E2E = {"test_deploy_kit_vllm": 500, "test_tuning_loop": 390, "test_vlm_study": 380, "test_engine_vllm": 350,
+       "test_trace_study": 210, "test_fault_matrix_vllm": 185}
+HEAVY = {"integration/test_after_budget_sim.py": 310, "integration/test_scheduler_sim.py": 300,
+         "integration/test_study_loop_sim.py": 180, "integration/test_report_sim.py": 170,
+         "integration/test_daemon_sim.py": 150, "integration/test_confirm_sim.py": 115,
+         "integration/test_fault_matrix.py": 100, "integration/test_bench_mock.py": 100,
+         "integration/test_worker_faults_sim.py": 75, "integration/test_plateau_confirm.py": 65,
+         "integration/test_capacity_hint.py": 60}
 
 
-def _relay(name: str, proc: subprocess.Popen, lock: threading.Lock) -> None:
-    assert proc.stdout is not None
-    for line in proc.stdout:
+@dataclass
+class Job:
+    name: str
+    args: list[str]
+    vllm: bool                 # starts real vLLM servers
+    estimate: float            # seconds, for the order only
+    proc: subprocess.Popen | None = None
+    started: float = 0.0
+    ended: float = 0.0
+    code: int | None = None
+    cpu: float = 0.0
+    relay: threading.Thread | None = field(default=None, repr=False)
+
+
+def jobs(extra: list[str]) -> list[Job]:
+    """The suite as jobs (files missing from this checkout are left out)."""
+    base = ["-q", "-p", "no:cacheprovider", "--durations=5", *extra]
+    out = [Job("vllm-shared", [*base, "-m", "vllm", str(TESTS)], True, 200),
+           Job("postgres", [*base, "-m", "postgres and not vllm", str(TESTS)], False, 400)]
+    for path in sorted((TESTS / "e2e").glob("test_*.py")):
+        out.append(Job(f"e2e/{path.stem}", [*base, "-m", "not (vllm or postgres)", str(path)], True,
+                       E2E.get(path.stem, 200)))
+    heavy = [TESTS / f for f in HEAVY if (TESTS / f).exists()]
+    for path in heavy:
+        rel = str(path.relative_to(TESTS))
+        out.append(Job(rel.split("/", 1)[1].removesuffix(".py"), [*base, "-m", OTHERS, str(path)], False, HEAVY[rel]))
+    out.append(Job("rest", [*base, "-m", OTHERS, *[f"--ignore={p}" for p in heavy],
+                            str(TESTS / "unit"), str(TESTS / "integration")], False, 250))
+    return sorted(out, key=lambda j: -j.estimate)
+
+
+def fast_jobs(extra: list[str]) -> list[Job]:
+    """`make test-fast`: what needs no vLLM, PostgreSQL, browser or whole study, as three jobs (the unit
+    tests, and the integration files taken in turn), since most of its wall time is mock servers waiting."""
+    base = ["-q", "-p", "no:cacheprovider", "--durations=5", "-m", FAST, *extra]
+    files = sorted(str(p) for p in (TESTS / "integration").glob("test_*.py"))
+    return [Job("unit", [*base, str(TESTS / "unit")], False, 3),
+            Job("integration-1", [*base, *files[0::2]], False, 2),
+            Job("integration-2", [*base, *files[1::2]], False, 1)]
+
+
+def _relay(job: Job, lock: threading.Lock) -> None:
+    assert job.proc is not None and job.proc.stdout is not None
+    for line in job.proc.stdout:
         with lock:
-            sys.stdout.write(f"[{name}] {line}")
+            sys.stdout.write(f"[{job.name}] {line}")
             sys.stdout.flush()
 
 
-def main(argv: list[str]) -> int:
-    started = time.monotonic()
-    lock = threading.Lock()
-    procs: dict[str, subprocess.Popen] = {}
-    relays = []
+def _start(job: Job, lock: threading.Lock, t0: float) -> None:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    job.proc = subprocess.Popen([sys.executable, "-m", "pytest", *job.args], stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
+    job.started = time.monotonic() - t0
+    job.relay = threading.Thread(target=_relay, args=(job, lock), daemon=True)
+    job.relay.start()
+    with lock:
+        print(f"[{job.name}] started at {job.started:.0f} s", flush=True)
+
+
+def _next(pending: list[Job], running: list[Job]) -> Job | None:
+    if len(running) >= SLOTS:
+        return None
+    vllm_busy = sum(j.vllm for j in running)
+    return next((j for j in pending if not j.vllm or vllm_busy < VLLM_SLOTS), None)
+
+
+def main(argv: list[str]) -> int:
+    t0 = time.monotonic()
+    lock = threading.Lock()
+    fast = "--fast" in argv
+    argv = [a for a in argv if a != "--fast"]
+    pending, running, done = (fast_jobs(argv) if fast else jobs(argv)), [], []
     try:
-        for name, args in streams(argv).items():
-            procs[name] = subprocess.Popen([sys.executable, "-m", "pytest", *args], stdout=subprocess.PIPE,
-                                           stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
-            relays.append(threading.Thread(target=_relay, args=(name, procs[name], lock), daemon=True))
-            relays[-1].start()
-        codes, cpu = {}, {}
-        by_pid = {proc.pid: name for name, proc in procs.items()}
-        while len(codes) < len(procs):
-            # whichever stream ends next (this process has no other children), with its CPU seconds:
-            # its own and those of every process it reaped (servers, runs)
+        while pending or running:
+            while (job := _next(pending, running)) is not None:
+                pending.remove(job)
+                _start(job, lock, t0)
+                running.append(job)
+            # whichever job ends next (this process has no other children), with its CPU seconds: its own
+            # and those of every process it reaped (servers, runs)
             pid, status, usage = os.wait4(-1, 0)
-            if pid not in by_pid:
+            job = next((j for j in running if j.proc is not None and j.proc.pid == pid), None)
+            if job is None:
                 continue
-            name = by_pid[pid]
-            procs[name].returncode = os.waitstatus_to_exitcode(status)
-            codes[name], cpu[name] = procs[name].returncode, usage.ru_utime + usage.ru_stime
+            assert job.proc is not None
+            job.proc.returncode = job.code = os.waitstatus_to_exitcode(status)
+            job.ended, job.cpu = time.monotonic() - t0, usage.ru_utime + usage.ru_stime
+            running.remove(job)
+            done.append(job)
+            if job.relay is not None:
+                job.relay.join(timeout=10)
             with lock:
-                print(f"[{name}] ended: exit {codes[name]}, {time.monotonic() - started:.0f} s after the start, "
-                      f"{cpu[name]:.0f} CPU s", flush=True)
+                print(f"[{job.name}] ended: exit {job.code}, {job.ended - job.started:.0f} s "
+                      f"({job.started:.0f}-{job.ended:.0f} s), {job.cpu:.0f} CPU s", flush=True)
     except KeyboardInterrupt:
-        for proc in procs.values():
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGINT)      # pytest ends its session and its fixtures' servers
-        for proc in procs.values():
-            proc.wait()
+        for job in running:
+            if job.proc is not None and job.proc.poll() is None:
+                os.killpg(job.proc.pid, signal.SIGINT)      # pytest ends its session and its fixtures' servers
+        for job in running:
+            if job.proc is not None:
+                job.proc.wait()
         return 2
-    for relay in relays:
-        relay.join(timeout=10)
-    took = time.monotonic() - started
-    print(f"streams: {', '.join(f'{n} exit {codes[n]}' for n in procs)}; {took:.0f} s in all, "
-          f"{sum(cpu.values()):.0f} CPU s")
-    return next((c for c in codes.values() if c not in (0, 5)), 0)
+    took = time.monotonic() - t0
+    print("jobs (start-end s, wall s, CPU s, exit):")
+    for job in sorted(done, key=lambda j: j.started):
+        print(f"  {job.name:32} {job.started:5.0f}-{job.ended:5.0f} {job.ended - job.started:5.0f} "
+              f"{job.cpu:6.0f}  {job.code}")
+    failed = [j for j in done if j.code not in (0, 5)]
+    print(f"suite: {len(done)} jobs, {took:.0f} s in all, {sum(j.cpu for j in done):.0f} CPU s; "
+          + (f"FAILED: {', '.join(j.name for j in failed)}" if failed else "all passed"))
+    return failed[0].code if failed and failed[0].code is not None else 0
 
 
 if __name__ == "__main__":

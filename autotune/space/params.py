@@ -142,10 +142,30 @@ class ParamSpec:
         return trial.suggest_categorical(self.name, list(self.choices))
 
     def contains(self, value: Any) -> bool:
+        """Whether Optuna can record `value` for this knob as it is (a step's grid included: a value off
+        it would be drawn again, not recorded)."""
         if self.kind in ("int", "float"):
-            return isinstance(value, (int, float)) and not isinstance(value, bool) \
-                and self.low <= value <= self.high
+            if not (isinstance(value, (int, float)) and not isinstance(value, bool) and self.low <= value <= self.high):
+                return False
+            dist = self.distribution()
+            return bool(dist._contains(dist.to_internal_repr(value)))
         return value in self.choices
+
+    def coerce(self, value: Any) -> Any:
+        """`value` as this knob's own type where its text reads as one: a quoted YAML number ('0.94') for a
+        number knob, a choice matched by its text ('true', '256') for the others. A baseline written so
+        was launched as given but recorded as the space's default (seen on the H200, issue 25)."""
+        if not isinstance(value, str):
+            return value
+        text = value.strip()
+        if self.kind in ("int", "float"):
+            try:
+                number = float(text)
+            except ValueError:
+                return value
+            return int(number) if self.kind == "int" and number.is_integer() else number
+        matches = [c for c in self.choices if str(c).lower() == text.lower()]
+        return matches[0] if len(matches) == 1 else value
 
     def render(self, value: Any) -> list[str]:
         """Command-line form. Booleans as --flag / --no-flag (vLLM's BooleanOptionalAction); an env knob

@@ -316,9 +316,18 @@ class StudyDriver:
         has_baseline = any(t.user_attrs.get("role") == "baseline" for t in trials)
         if self.claim("baseline") and not has_baseline:
             params = self.space.baseline_params()
+            outside = []
             for k, v in (self.spec.baseline or {}).items():
-                if k in self.space.params and self.space.params[k].contains(v):
-                    params[k] = v
+                if k not in self.space.params:
+                    continue
+                value = self.space.params[k].coerce(v)
+                if self.space.params[k].contains(value):
+                    params[k] = value
+                else:
+                    outside.append(f"{k}={v}")
+            if outside:     # launched as given (its flags are the spec's), but Optuna cannot record it
+                self.progress.message(f"baseline: {', '.join(outside)} outside the search space: launched as "
+                                      f"given; the sampler records the space's default in its place")
             self.study.enqueue_trial(params, user_attrs={"role": "baseline", "enqueued": sorted(params)})
         done = {t.user_attrs.get("spec_candidate") for t in trials}
         for extra in self.spec.enqueue:

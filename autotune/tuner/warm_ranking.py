@@ -24,7 +24,7 @@ from typing import Any
 from autotune.tuner.dedupe import flags_key
 from autotune.tuner.twin_cache import RankingCache
 from autotune.tuner.twin_pool import TwinPool, spare_cores
-from autotune.tuner.warmstart import TIE, Pick, Ranking, draw_candidates, modelled_subspace, rank
+from autotune.tuner.warmstart import TIE, Pick, Ranking, complete_pick, draw_candidates, modelled_subspace, rank
 
 RANKING_ATTR = "twin_ranking"       # study user attr: the twin's predicted values of the ranked candidates
 
@@ -40,7 +40,7 @@ class WarmStart:
         self._settled = threading.Event()
         self._ranked = threading.Event()   # every candidate ranked, cached and the picks refined
         self.picks: list[Pick] = []
-        # the knobs the twin models are ranked; the others are left to the sampler in every pick
+        # the knobs the twin models are ranked; the others are drawn for every pick inside the rules
         self.space, self.sampled = modelled_subspace(loop.space)
         self.candidates = draw_candidates(self.space, loop.fixed_flags, spec.num_gpus, spec.warm_start.candidates,
                                           spec.seed)
@@ -154,10 +154,17 @@ class WarmStart:
         loop = self.loop
         with loop._lock:
             for pick in picks:
-                # knobs the twin does not model are named but not fixed: the sampler draws them for the pick
-                loop.study.enqueue_trial(pick.params, user_attrs={
-                    "role": "warm_start", "enqueued": sorted([*pick.params, *pick.sampled]), "twin_rank": pick.rank,
-                    "twin_predicted": pick.predicted, **({"twin_refined": True} if refined else {})})
+                # knobs the twin does not model are drawn for the pick, inside the rules (complete_pick)
+                params = complete_pick(loop.space, pick, loop.fixed_flags, loop.spec.num_gpus,
+                                       seed=f"{loop.spec.seed}:{pick.rank}")
+                if params is None:
+                    self.progress.message(f"warm start: pick #{pick.rank} breaks a rule with every setting of "
+                                          f"{', '.join(pick.sampled)} drawn for it: left out")
+                    continue
+                loop.study.enqueue_trial(params, user_attrs={
+                    "role": "warm_start", "enqueued": sorted(params), "twin_rank": pick.rank,
+                    "twin_predicted": pick.predicted, "twin_drawn": sorted(set(params) & set(pick.sampled)),
+                    **({"twin_refined": True} if refined else {})})
 
     def _store(self, ranking: Ranking) -> None:
         """The study's ranking, and every stored prediction's rank against it."""

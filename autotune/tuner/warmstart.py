@@ -21,7 +21,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from autotune.space import SearchSpace
 from autotune.space.space import without_orphans
-from autotune.tuner.dedupe import draw, flags_key
+from autotune.tuner.dedupe import draw, draw_value, flags_key
 
 Predictor = Callable[[Mapping[str, Any]], "dict[str, float] | None"]   # params -> predicted objectives
 # Predictions this close are one value to the twin (its measured errors are 20-40 %, and several knobs
@@ -35,7 +35,7 @@ class Pick:
     params: dict[str, Any]
     rank: int                       # 1 = the twin's best of the candidates it ranked
     predicted: dict[str, float]
-    sampled: list[str] = field(default_factory=list)   # knobs the twin does not model: the sampler draws them
+    sampled: list[str] = field(default_factory=list)   # knobs the twin does not model: drawn for the pick (complete_pick)
 
 
 @dataclass
@@ -88,12 +88,37 @@ def rank(space: SearchSpace, predicted: Sequence[tuple[dict[str, Any], "dict[str
          objective: str, maximize: bool, k: int, sampled: Sequence[str] = ()) -> tuple[list[Pick], Ranking]:
     """The picks and the ranking from the twin's predictions of candidates (None: it cannot start), all
     of them or as many as were ranked by a deadline. `sampled`: the knobs the twin does not model (the
-    sampler draws them for every pick)."""
+    pick draws them: complete_pick)."""
     scored = [(float(pred[objective]), cand, pred) for cand, pred in predicted
               if pred is not None and pred.get(objective) is not None]
     scored.sort(key=lambda s: -s[0] if maximize else s[0])
     ranking = Ranking(objective, maximize, [s[0] for s in scored])
     return [Pick(scored[i][1], i + 1, scored[i][2], list(sampled)) for i in _spread(space, scored, k, maximize)], ranking
+
+
+def complete_pick(space: SearchSpace, pick: Pick, fixed_flags: Sequence[str], num_gpus: int, seed: str,
+                  tries: int = 200) -> dict[str, Any] | None:
+    """The pick's params with the knobs the twin does not model drawn at random (seeded: the same pick
+    gets the same draw), inside the whole space's rules; None when no draw of `tries` keeps them. Why not
+    leave those knobs to the sampler: the ranking checked the rules on the knobs it ranked only, and a
+    rule that joins one of each (with chunked MM input off, a token budget below the largest image) then
+    rejected 3 of 6 picks of an H200 study before launch (issue 25). A parent of a ranked knob keeps a
+    value under which that knob is active."""
+    rng = random.Random(seed)
+    order = [p for p in space._ordered() if p.name in pick.sampled]
+    ranked = [space.params[n] for n in pick.params if n in space.params]
+    for _ in range(tries):
+        cand = dict(pick.params)
+        for p in order:
+            if not all(cand.get(parent) in allowed for parent, allowed in p.when.items()):
+                continue
+            needed = [c.when[p.name] for c in ranked if p.name in c.when]
+            choices = [v for v in p.choices if all(v in n for n in needed)] if p.kind in ("bool", "categorical") else []
+            cand[p.name] = rng.choice(choices) if choices else draw_value(p, rng)
+        active = all(cand.get(parent) in allowed for c in ranked for parent, allowed in c.when.items())
+        if active and not space.violations(cand, fixed_flags, num_gpus):
+            return cand
+    return None
 
 
 def modelled_subspace(space: SearchSpace) -> tuple[SearchSpace, list[str]]:

@@ -1,7 +1,8 @@
 """The vllm engine against the real vLLM CPU build: starts, failures by cause, and nothing left behind.
 
-Measured on the 2-core reference box (noisy, shared): a light start is ready in about 45-60 s; GMU 0.99
-fails about 30 s after launch (when the worker checks node memory); a bad flag fails in about 10 s.
+Measured on the 2-core reference box (noisy, shared): a light start is ready in about 45-60 s; a bad flag
+fails in about 10 s. GMU 0.99 (startup_oom, read from the log without waiting for the timeout) is
+tests/e2e/test_tuning_loop.py's failing candidate.
 """
 
 from __future__ import annotations
@@ -81,21 +82,6 @@ def test_stop_takes_engine_core_and_workers_and_death_after_ready_is_classified(
         server.stop(grace_s=5)
     assert group_alive(server.pgid) == []
     server.stop()  # idempotent
-
-
-def test_memory_utilization_above_the_node_is_startup_oom_without_waiting_for_the_timeout(engine, demo_model_dir, light_flags, tmp_path):
-    flags = [f if f != "0.15" else "0.99" for f in light_flags]
-    server = launch(engine, demo_model_dir, flags, tmp_path / "gmu.log", timeout=600)
-    started = time.monotonic()
-    with pytest.raises(EngineFailure) as caught:
-        server.wait_ready()
-    took = time.monotonic() - started
-    print(f"GMU 0.99 -> {caught.value.cause} after {took:.1f} s: {caught.value.detail[:120]}")
-    assert took < 300  # failed on its own, far below the 600 s timeout
-    assert caught.value.cause == causes.STARTUP_OOM
-    assert "less than desired CPU memory utilization (0.99" in caught.value.detail
-    assert caught.value.exit_code not in (None, 0)
-    assert group_alive(server.pgid) == []
 
 
 def test_bad_flag_is_bad_flag_within_seconds_and_is_caught_before_launch_too(engine, demo_model_dir, light_flags, tmp_path):

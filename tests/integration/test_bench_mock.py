@@ -162,13 +162,16 @@ def test_cli_json_uses_vllm_keys(tmp_path):
 
 
 @asynccontextmanager
-async def reset_server(answers: list[web.Response]) -> AsyncIterator[tuple[str, list[int]]]:
-    """A server whose /reset_prefix_cache gives `answers` in turn (the last one from then on)."""
+async def reset_server(answers: list[tuple[int, str]]) -> AsyncIterator[tuple[str, list[int]]]:
+    """A server whose /reset_prefix_cache gives `answers` (status, body) in turn, the last one from then
+    on. (A fresh response each time: aiohttp cannot send one response object twice, and a second send
+    of the same one left the client waiting for its 30 s timeout instead of reading a refusal.)"""
     calls: list[int] = []
 
     async def reset(_: web.Request) -> web.Response:
         calls.append(1)
-        return answers[min(len(calls), len(answers)) - 1]
+        status, body = answers[min(len(calls), len(answers)) - 1]
+        return web.Response(status=status, text=body, content_type="application/json")
 
     app = web.Application()
     app.router.add_post("/reset_prefix_cache", reset)
@@ -178,22 +181,22 @@ async def reset_server(answers: list[web.Response]) -> AsyncIterator[tuple[str, 
 
 async def test_a_refused_reset_is_retried_until_the_server_has_drained():
     # vLLM answers 200 {"success": false} while blocks are still held (a cut-short step's requests)
-    refused, done = web.json_response({"success": False}), web.json_response({"success": True})
-    async with reset_server([refused, web.json_response({"success": False}), done]) as (url, calls):
+    refused, done = (200, '{"success": false}'), (200, '{"success": true}')
+    async with reset_server([refused, refused, done]) as (url, calls):
         assert await reset_prefix_cache(url, wait_s=10) is True
     assert len(calls) == 3
 
 
 async def test_a_reset_refused_past_the_wait_is_recorded_as_not_reset():
-    async with reset_server([web.json_response({"success": False})]) as (url, calls):
+    async with reset_server([(200, '{"success": false}')]) as (url, calls):
         assert await reset_prefix_cache(url, wait_s=1.2) is False
     assert 2 <= len(calls) <= 5
 
 
 async def test_reset_answers_of_older_servers():
-    async with reset_server([web.Response(text="")]) as (url, calls):
+    async with reset_server([(200, "")]) as (url, calls):
         assert await reset_prefix_cache(url) is True       # an empty 200: done
-    async with reset_server([web.Response(status=404, text="Not Found")]) as (url, calls):
+    async with reset_server([(404, "Not Found")]) as (url, calls):
         assert await reset_prefix_cache(url) is False
 
 

@@ -31,13 +31,14 @@ N_TRIALS = 12
 PASSWORD = "hunter2pw"
 
 
-def _spec(tmp_path: Path, space: dict, time_scale: float = 25) -> Path:
+def _spec(tmp_path: Path, space: dict, time_scale: float = 25, confirm: bool = True) -> Path:
     """The scale benchmark's study over `space` (launchable_space: every trial these tests follow launches).
     25: a trial lasts ~5 s of wall clock, long enough for a SIGKILL to catch it mid-trial."""
     spec = yaml.safe_load((REPO / "benchmarks" / "scale" / "scenario.yaml").read_text())
     spec.update(name="shared", storage="sqlite:///ignored.db", search_space=space)
     spec["engine"]["time_scale"] = time_scale
     spec["load"] = {"mode": "capacity", "search": "concurrency", "max_steps": 3, "requests_per_step": 32, "warmup": 2}
+    spec["confirm"] = {"enabled": confirm}
     path = tmp_path / "shared.yaml"
     path.write_text(yaml.safe_dump(spec))
     return path
@@ -225,7 +226,9 @@ def test_a_postgres_restart_mid_trial_is_survived(postgres_server, postgres_url:
     in flight too: not interrupted, not re-queued), no traceback, no server of either kind left."""
     n_trials = 4
     # 5: a trial lasts ~25 s, so the database's shutdown (a second or more) ends well before the trial does
-    spec = _spec(tmp_path, launchable_space, time_scale=5)
+    # confirmation off: at this time scale its nine repeats would take longer than the trials, and the
+    # outage is over before it would begin (two daemons confirming on PostgreSQL: the test above)
+    spec = _spec(tmp_path, launchable_space, time_scale=5, confirm=False)
     sub = _cli("submit", str(spec), "--n-trials", str(n_trials), "--storage", postgres_url)
     assert sub.returncode == 0, sub.stderr
     monkeypatch.setenv("AUTOTUNE_HOST", "host-r")
@@ -250,7 +253,7 @@ def test_a_postgres_restart_mid_trial_is_survived(postgres_server, postgres_url:
     outage = d.lines[down_at:]
 
     queue = StudyQueue(postgres_url, create=False)
-    deadline = time.monotonic() + 900       # a generous cap: a busy box runs the confirmation slowly too
+    deadline = time.monotonic() + 900       # a generous cap: a busy box runs the trials slowly
     while queue.entry("shared").state != DONE:
         assert time.monotonic() < deadline and d.proc.poll() is None, "\n".join(d.lines[-40:])
         time.sleep(1)

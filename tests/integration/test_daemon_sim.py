@@ -26,6 +26,9 @@ def _spec(tmp_path: Path, name: str, time_scale: float = 25, **budget: object) -
     spec = yaml.safe_load((REPO / "benchmarks" / "scale" / "scenario.yaml").read_text())
     spec["name"] = name
     spec["engine"]["time_scale"] = time_scale
+    # confirmation off: these tests are about the queue, budgets and signals; a daemon running a study's
+    # confirmation is tests/integration/test_after_budget_sim.py's
+    spec["confirm"] = {"enabled": False}
     if budget:
         spec["budget"] = budget
     path = tmp_path / f"{name}.yaml"

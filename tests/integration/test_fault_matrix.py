@@ -25,6 +25,8 @@ import yaml
 from autotune import causes
 from autotune.cli import main
 
+pytestmark = pytest.mark.study     # whole studies in their own processes (make test-fast skips them)
+
 STANDIN = Path(__file__).resolve().parents[1] / "fixtures" / "standin_vllm.py"
 
 

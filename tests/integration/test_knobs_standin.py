@@ -15,9 +15,12 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from autotune.cli import main
+
+pytestmark = pytest.mark.study     # whole studies in their own processes (make test-fast skips them)
 
 STANDIN = Path(__file__).resolve().parents[1] / "fixtures" / "standin_vllm.py"
 NEW_FLAGS = ("--async-scheduling", "--no-async-scheduling", "--stream-interval", "--max-cudagraph-capture-size",

@@ -17,9 +17,12 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from autotune.cli import main
+
+pytestmark = pytest.mark.study     # whole studies in their own processes (make test-fast skips them)
 
 STANDIN = Path(__file__).resolve().parents[1] / "fixtures" / "standin_vllm.py"
 

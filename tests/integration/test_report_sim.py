@@ -18,6 +18,8 @@ import yaml
 from autotune.engine.process import find_free_port, spawn, stop_group
 from autotune.report.browser import check_page, find_chromium
 
+pytestmark = pytest.mark.study     # whole studies in their own processes (make test-fast skips them)
+
 REPO = Path(__file__).resolve().parents[2]   # the subprocess imports this checkout's autotune
 
 

@@ -14,8 +14,10 @@ from pathlib import Path
 import psutil
 
 
-def _spec(sim_spec, name: str = "sched", requests_per_step: int = 40) -> Path:
-    return sim_spec(name, load={"requests_per_step": requests_per_step})
+def _spec(sim_spec, name: str = "sched", requests_per_step: int = 40, confirm: bool = False) -> Path:
+    """Confirmation off unless asked for: it repeats three configurations three times (more runs than the
+    trials these tests follow); the two-process test keeps it, since both processes reach it."""
+    return sim_spec(name, load={"requests_per_step": requests_per_step}, confirm={"enabled": confirm})
 
 
 def _q(db: Path, sql: str, *args) -> list[tuple]:
@@ -124,7 +126,7 @@ def _check_study(db: Path, lines: list[str]) -> list[tuple]:
 
 def test_two_processes_share_one_sqlite_study(autotune_run, servers_in, monkeypatch, sim_spec,
                                               tmp_path: Path) -> None:
-    spec = _spec(sim_spec, "shared")
+    spec = _spec(sim_spec, "shared", confirm=True)
     db = tmp_path / "shared.db"
     a, b = _two_runs(autotune_run, monkeypatch, tmp_path, spec, None)
     assert a.finish(400) == 0, "\n".join(a.lines)
@@ -135,6 +137,10 @@ def test_two_processes_share_one_sqlite_study(autotune_run, servers_in, monkeypa
     assert owners                                           # the enqueues were claimed
     both = [l for l in a.lines if l.startswith("[trial")], [l for l in b.lines if l.startswith("[trial")]
     assert both[0] and both[1], "both processes ran trials"
+    # both processes reach the confirmation: its three rounds are recorded once each (one row per trial and
+    # round is the table's own constraint), the baseline in every round
+    rounds = _q(db, "select c.round, t.role from autotune_confirmations c join autotune_trials t on t.id = c.trial_id")
+    assert {r for r, _ in rounds} == {0, 1, 2} and all((r, "baseline") in rounds for r in range(3)), rounds
     assert not servers_in(tmp_path, "sim-serve")
 
 

@@ -20,6 +20,8 @@ from autotune.cli import main
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_fault_matrix import rows, study  # noqa: E402
 
+pytestmark = pytest.mark.study     # whole studies in their own processes (make test-fast skips them)
+
 HF = "hf_PLANTEDtokenABCDEFGHIJKLMNOPQRSTUV"
 KEY = "sk-planted-api-key-0123456789"
 

@@ -200,16 +200,15 @@ def test_a_ranking_still_running_when_the_baseline_ends_refines_the_later_picks(
     import threading
 
     holder: dict[str, Any] = {}
+    launches: list[int] = []
 
     def predict(params: dict[str, Any]) -> dict[str, float]:
-        if threading.current_thread().name == "warm-start-rank":
-            warm = holder["run"].driver.warm
-            while warm is None or warm.pending():              # ranks only once the deadline has passed
-                threading.Event().wait(0.01)
-                warm = holder["run"].driver.warm
+        # ranks only once the sampler's first trial has launched: the baseline has ended (the deadline
+        # passed with nothing ranked) and the next trial was asked without waiting. (Waiting for the
+        # deadline alone let a quick ranking enqueue its picks before that ask, seen on a busy machine.)
+        while threading.current_thread().name == "warm-start-rank" and len(launches) < 2:
+            threading.Event().wait(0.01)
         return _by_seqs(params)
-
-    launches: list[int] = []
 
     def fail(flags: Sequence[str]) -> tuple[str, str]:
         launches.append(1)
@@ -262,3 +261,20 @@ def test_show_lists_the_learned_limit_and_the_twin_beside_each_trial(tmp_path: P
     text = capsys.readouterr().out
     # the table's narrow columns fold their headers: "twin capacity_tps" may wrap inside its cell
     assert "learned limit" in text and "twin" in text and "SIMULATED, beside the measurement" in text
+
+
+def test_a_baseline_written_as_text_is_recorded_as_the_value_it_launched(tmp_path: Path, capsys) -> None:
+    """A quoted YAML number or choice ('0.25', 'false') in `baseline:` is the knob's value, recorded as
+    launched; a value the space cannot hold is launched as given and said so, in one line."""
+    engine = FailingEngine(lambda flags: (causes.CRASH, "exit code 1"))
+    space = {"params": {"gpu_memory_utilization": {"type": "float", "low": 0.05, "high": 0.5, "step": 0.05},
+                        "enable_prefix_caching": {"type": "bool", "default": True},
+                        "max_num_seqs": {"type": "int", "low": 4, "high": 64, "default": 64}}}
+    _loop(tmp_path, space, engine, n_trials=1,
+          baseline={"gpu_memory_utilization": "0.25", "enable_prefix_caching": "false", "max_num_seqs": 100}).run()
+    (number, role, _, _, _, params), = _rows(tmp_path)
+    assert role == "baseline" and json.loads(params) == {"gpu_memory_utilization": 0.25,
+                                                         "enable_prefix_caching": False, "max_num_seqs": 64}
+    assert flags_to_mapping(list(engine.launches[0].flags))["max_num_seqs"] == "100"     # launched as given
+    err = capsys.readouterr().err
+    assert "baseline: max_num_seqs=100 outside the search space: launched as given" in err

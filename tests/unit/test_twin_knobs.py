@@ -1,7 +1,9 @@
 """What the twin models of the new knobs, checked against the measurements that exist, and the warm
-start's treatment of the knobs it does not model (left to the sampler, never ranked as neutral)."""
+start's treatment of the knobs it does not model (drawn for each pick, never ranked as neutral)."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 
@@ -97,7 +99,7 @@ def test_the_long_prefill_threshold_caps_a_prompt_while_others_wait():
     assert [n for _, n in alone.schedule().items] == [3000]      # alone, nobody to starve
 
 
-def test_the_warm_start_ranks_modelled_knobs_only_and_leaves_the_others_to_the_sampler():
+def test_the_warm_start_ranks_modelled_knobs_only_and_names_the_others_for_each_pick():
     space = SearchSpace.from_mapping({"params": {
         "max_num_seqs": {"type": "int", "low": 16, "high": 512, "log": True, "default": 256},
         "stream_interval": {"type": "categorical", "choices": [1, 4, 16], "default": 1},
@@ -118,3 +120,33 @@ def test_the_warm_start_ranks_modelled_knobs_only_and_leaves_the_others_to_the_s
     picks, _ = warm_start_picks(space, [], 1, twin, objective="capacity_tps", maximize=True, n=20, k=3, seed=1)
     assert seen and all(set(p) <= {"max_num_seqs", "long_prefill_token_threshold"} for p in seen)
     assert picks and all(p.sampled == left and not set(p.params) & set(left) for p in picks)
+
+
+def test_a_pick_gets_its_unmodelled_knobs_drawn_inside_the_rules():
+    """With chunked MM input off, a step's token budget must hold the largest image: a rule between a knob
+    the twin ranks (the budget) and one it does not (the chunked MM switch). A pick with a small budget gets
+    the switch drawn on the side the rule allows, every time; a parent of a ranked knob keeps it active; the same pick gets the same draw."""
+    from autotune.perfmodel.profiles import load_profile
+    from autotune.space.multimodal import MultimodalContext, with_multimodal
+    from autotune.tuner.warmstart import Pick, complete_pick
+
+    vision = load_profile("qwen2.5-vl-7b").vision
+    space = with_multimodal(SearchSpace.load("cpu"), vision)
+    space.multimodal = MultimodalContext(vision, max_images=2)
+    sub, left = modelled_subspace(space)
+    assert "disable_chunked_mm_input" in left and "max_num_batched_tokens" in sub.params
+    pick = Pick({"max_num_batched_tokens": 2048, "max_num_seqs": 16, "limit_mm_per_prompt": "img2"}, 1, {}, left)
+    drawn = [complete_pick(space, pick, [], 1, seed=f"0:{i}") for i in range(30)]
+    assert all(d is not None and d["disable_chunked_mm_input"] is False and d["max_num_batched_tokens"] == 2048
+               and not space.violations(d, [], 1) for d in drawn)
+    assert all(set(d) == set(pick.params) | set(left) for d in drawn)          # every unmodelled knob drawn
+    assert complete_pick(space, pick, [], 1, seed="0:1") == drawn[1]
+    assert len({json.dumps(d, sort_keys=True) for d in drawn}) > 1             # drawn, not one fixed fill
+
+    cond = SearchSpace.from_mapping({"params": {
+        "max_num_seqs": {"type": "int", "low": 16, "high": 512, "log": True, "default": 256},
+        "stream_interval": {"type": "categorical", "choices": [1, 4, 16], "default": 1},
+        "long_prefill_token_threshold": {"type": "categorical", "choices": [0, 512], "default": 0,
+                                         "when": {"stream_interval": [1]}}}}, "t")
+    pick = Pick({"max_num_seqs": 64, "long_prefill_token_threshold": 512}, 1, {}, ["stream_interval"])
+    assert all(complete_pick(cond, pick, [], 1, seed=str(i))["stream_interval"] == 1 for i in range(10))

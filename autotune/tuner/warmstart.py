@@ -110,13 +110,12 @@ def complete_pick(space: SearchSpace, pick: Pick, fixed_flags: Sequence[str], nu
     for _ in range(tries):
         cand = dict(pick.params)
         for p in order:
-            if not all(cand.get(parent) in allowed for parent, allowed in p.when.items()):
+            if not space._active(p, cand):
                 continue
             needed = [c.when[p.name] for c in ranked if p.name in c.when]
             choices = [v for v in p.choices if all(v in n for n in needed)] if p.kind in ("bool", "categorical") else []
             cand[p.name] = rng.choice(choices) if choices else draw_value(p, rng)
-        active = all(cand.get(parent) in allowed for c in ranked for parent, allowed in c.when.items())
-        if active and not space.violations(cand, fixed_flags, num_gpus):
+        if all(space._active(c, cand) for c in ranked) and not space.violations(cand, fixed_flags, num_gpus):
             return cand
     return None
 

@@ -206,8 +206,14 @@ def test_a_ranking_still_running_when_the_baseline_ends_refines_the_later_picks(
         # ranks only once the sampler's first trial has launched: the baseline has ended (the deadline
         # passed with nothing ranked) and the next trial was asked without waiting. (Waiting for the
         # deadline alone let a quick ranking enqueue its picks before that ask, seen on a busy machine.)
-        while threading.current_thread().name == "warm-start-rank" and len(launches) < 2:
-            threading.Event().wait(0.01)
+        if threading.current_thread().name == "warm-start-rank":
+            started = threading.Event()
+            for _ in range(12000):                             # a cap of two minutes, not a clock
+                if len(launches) >= 2:
+                    started.set()
+                    break
+                started.wait(0.01)
+            assert started.is_set(), "the sampler's first trial never launched"
         return _by_seqs(params)
 
     def fail(flags: Sequence[str]) -> tuple[str, str]:

@@ -80,6 +80,10 @@ _FAILURES: tuple[tuple[str, re.Pattern[str]], ...] = (
     (causes.BAD_CONFIG, re.compile(r"ValueError: Chunked MM input disabled but max_tokens_per_mm_item.*")),
     (causes.STARTUP_OOM, re.compile(r"Free memory on device.*less than desired GPU memory utilization.*", re.I)),
     (causes.STARTUP_OOM, re.compile(r"Available memory on node.*less than desired CPU memory utilization.*", re.I)),
+    # the CPU build 0.32's check at KV allocation: a negative request is a fraction that leaves the KV
+    # cache nothing beside the weights (too small); a positive one the node could not give (too large)
+    (causes.KV_TOO_SMALL, re.compile(r"Available memory on node.*less than requested memory for kv \(-.*", re.I)),
+    (causes.STARTUP_OOM, re.compile(r"Available memory on node.*less than requested memory for kv.*", re.I)),
     (causes.KV_TOO_SMALL, re.compile(r"To serve at least one request with the model\S* max seq len.*", re.I)),
     (causes.KV_TOO_SMALL, re.compile(r"No available memory for the cache blocks.*", re.I)),
     (causes.KV_TOO_SMALL, re.compile(r"insufficient KV cache memory.*|KV cache is needed, which is larger than.*", re.I)),

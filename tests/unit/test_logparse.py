@@ -51,6 +51,8 @@ def test_cpu_032_log_named_startup_memory_is_really_a_compiled_start():
      "To serve at least one request with the model's max seq len (8192)"),
     ("cpu-vllm0.32-gmu-0.99-node-memory.log", 1, causes.STARTUP_OOM,
      "Available memory on node 0 (6.82/8.21 GiB) on startup is less than desired CPU memory utilization"),
+    ("cpu-vllm0.32-gmu-0.05-kv-negative.log", 1, causes.KV_TOO_SMALL,
+     "less than requested memory for kv (-0.15/0.47 GiB)"),
 ])
 def test_real_failure_logs_are_classified_with_vllms_own_words(name, exit_code, cause, quoted):
     got_cause, detail = classify_failure(log(name), exit_code)
@@ -131,3 +133,11 @@ def test_a_value_error_while_vllm_builds_its_config_is_bad_config_not_crash():
                                "ValueError: Tensor parallel size (3) must divide the number of attention heads (32).")
     # the same ValueError raised elsewhere (in the engine core, after config) stays a crash
     assert classify_failure(trace.replace("create_engine_config", "run_engine_core"), 1)[0] == causes.CRASH
+
+
+def test_a_kv_request_the_node_cannot_give_is_startup_oom_and_a_negative_one_kv_too_small():
+    # the same vLLM line with a positive request (edited from the real log above): the fraction asked
+    # for more than the node had free, which failure learning must read as "too large", not "too small"
+    text = log("cpu-vllm0.32-gmu-0.05-kv-negative.log").replace("kv (-0.15/0.47 GiB)", "kv (9.10/0.47 GiB)")
+    assert classify_failure(text, 1)[0] == causes.STARTUP_OOM
+    assert classify_failure(log("cpu-vllm0.32-gmu-0.05-kv-negative.log"), 1)[0] == causes.KV_TOO_SMALL

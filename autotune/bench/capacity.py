@@ -229,8 +229,10 @@ async def find_capacity(base_url: str, model: str, workload: Workload, slo: SLO,
     notes, flags = [], []
     if trace_rate is not None and lo is not None and lo[0] >= searcher.upper:
         notes.append(replay_cap_note(lo[0]))
-    if any(s.measurement.client.saturated for s in steps):
-        notes.append("client saturated in a step: its latencies are not trusted")
+    saturated = [s for s in steps if s.measurement.client.saturated]
+    if saturated:
+        notes.append("client saturated at load " + ", ".join(f"{s.load:g}" for s in saturated)
+                     + f" ({saturated[0].measurement.client.note}): those steps' latencies are not trusted")
         flags.append(mflags.CLIENT_SATURATED)
     flattered = [s.load for s in steps
                  if mflags.prefix_flattered(s.measurement.metrics.get("prefix_cache_hit_pct"), workload.kind)]

@@ -323,6 +323,9 @@ class _Run:
                            "total_output_tokens": s.measurement.metrics.get("total_output_tokens"),
                            "failed": s.measurement.metrics.get("failed"),
                            "aborted_early": s.measurement.aborted_early, "disturbances": list(s.disturbances),
+                           # which step's client fell behind, not only that one did (the result's flag)
+                           "client_saturated": s.measurement.client.saturated,
+                           "client_lag_p99_ms": s.measurement.client.loop_lag_p99_ms,
                            "discarded_output_tokens": (s.discarded.metrics.get("total_output_tokens")
                                                        if s.discarded is not None else None),
                            **_class_figures(s.measurement.metrics)}

@@ -119,3 +119,31 @@ def test_a_cut_short_step_whose_compile_is_logged_while_it_drains_is_re_run(tmp_
     assert probe.disturbances == ["the server JIT-compiled fused_moe_kernel during the step"]
     assert probe.discarded is not None and probe.discarded.aborted_early and probe.slo_met
     assert r.capacity == 1 and r.flags == []
+
+
+def test_the_result_names_the_steps_whose_client_fell_behind(monkeypatch):
+    """`client_saturated` on the result says that some step's latencies are not trusted; the note says
+    which, with the client's own reason, so a reader can tell a starved probe from a starved capacity step."""
+    import asyncio
+
+    from autotune.bench import capacity
+    from autotune.bench.results import ClientHealth
+    from autotune.bench.workloads import parse_workload
+    from autotune.slo import SLO
+
+    async def run_load(*args, **kw):
+        m = _run(80.0, aborted=False)
+        if kw["concurrency"] == 1:
+            m.client = ClientHealth(saturated=True, loop_lag_p99_ms=37.0, note="event-loop lag p99 37.0 ms > 20 ms")
+        return m
+
+    async def reset(url, wait_s=60.0):
+        return True
+
+    monkeypatch.setattr(capacity, "run_load", run_load)
+    monkeypatch.setattr(capacity, "reset_prefix_cache", reset)
+    r = asyncio.run(capacity.find_capacity("http://x", "m", parse_workload("random:input_len=8,output_len=11"),
+                                           SLO.parse("ttft:p99<=1s"), max_steps=2, requests_per_step=20, upper=4,
+                                           refine_steps=0))
+    assert [s.load for s in r.steps] == [1.0, 4.0] and r.flags == ["client_saturated"]
+    assert "client saturated at load 1 (event-loop lag p99 37.0 ms > 20 ms): those steps' latencies" in r.note

@@ -4,12 +4,24 @@ A pipeline of small stages: workloads (what each request asks) → arrivals (whe
 streamed request, timed on arrival) → metrics (vLLM's definitions, goodput) → capacity search. The
 trial runner calls `run_load` (one load level) or `find_capacity` (the highest load meeting the SLO);
 `autotune bench` is `command.main`.
+
+The names below load their module on first use: the simulator's server imports `bench.images` alone,
+once per simulated trial, and the whole pipeline (httpx, aiohttp's client, telemetry) doubled its start.
 """
 
-from autotune.bench.capacity import capacity_objectives, find_capacity
-from autotune.bench.results import CapacityResult, ClientHealth, LoadStep, Measurement, RequestRecord
-from autotune.bench.runner import run_load
-from autotune.bench.workloads import Prompt, Workload, parse_workload
+from __future__ import annotations
 
-__all__ = ["CapacityResult", "ClientHealth", "LoadStep", "Measurement", "Prompt", "RequestRecord", "Workload",
-           "capacity_objectives", "find_capacity", "parse_workload", "run_load"]
+import importlib
+from typing import Any
+
+_WHERE = {"capacity_objectives": "capacity", "find_capacity": "capacity", "run_load": "runner",
+          "CapacityResult": "results", "ClientHealth": "results", "LoadStep": "results", "Measurement": "results",
+          "RequestRecord": "results", "Prompt": "workloads", "Workload": "workloads", "parse_workload": "workloads"}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module 'autotune.bench' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"autotune.bench.{_WHERE[name]}"), name)

@@ -42,7 +42,7 @@ def gateway_log(path: Path) -> Path:
 
 
 def test_study_on_a_private_trace_with_capacity_by_rate_scaling(tmp_path: Path, demo_model_dir: Path,
-                                                                servers_in) -> None:
+                                                                servers_in, one_process_env) -> None:
     trace = tmp_path / "trace.jsonl"
     conv = subprocess.run([*AUTOTUNE, "convert", str(gateway_log(tmp_path / "gateway.jsonl")), "-o", str(trace),
                            "--tokenizer", str(demo_model_dir), "--lengths-only"], capture_output=True, text=True,
@@ -54,7 +54,7 @@ def test_study_on_a_private_trace_with_capacity_by_rate_scaling(tmp_path: Path, 
         "name": "trace-e2e", "model": str(demo_model_dir),
         "engine": {"kind": "vllm", "command": ["{python}", "-m", "vllm.entrypoints.openai.api_server"],
                    "extra_flags": ["--dtype", "bfloat16", "--max-model-len", "512", "--enforce-eager"],
-                   "startup_timeout_s": 600},
+                   "startup_timeout_s": 600, "env": one_process_env},
         "search_space": {"params": {"max_num_seqs": {"type": "int", "low": 4, "high": 16, "log": True}}},
         "baseline": {"gpu_memory_utilization": 0.1},
         "workload": {"kind": "trace", "path": str(trace)},

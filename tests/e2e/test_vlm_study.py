@@ -30,8 +30,10 @@ def _log_tails(root: Path) -> str:
                    for p in sorted(root.rglob("*.log")))
 
 
-def test_a_vlm_study_with_image_traffic_runs_confirms_and_exports(tmp_path: Path, demo_vlm_dir: Path, servers_in) -> None:
+def test_a_vlm_study_with_image_traffic_runs_confirms_and_exports(tmp_path: Path, demo_vlm_dir: Path, servers_in,
+                                                                 one_process_env) -> None:
     spec = yaml.safe_load((REPO / "studies" / "demo-cpu-vlm.yaml").read_text())
+    spec["engine"]["env"] = one_process_env   # four starts: the process tree is other tests' subject
     spec["workload"]["share"] = 0.5          # a handful of requests a step: both classes in every one
     spec.update(model=str(demo_vlm_dir), storage=f"sqlite:///{tmp_path}/v.db", slo="ttft[image]:p99<=8s,ttft[text]:p99<=5s",
                 telemetry={"source": "cpu", "hz": 2}, warm_start=False,

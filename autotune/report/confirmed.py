@@ -9,7 +9,7 @@ from autotune.store.models import StudyRecord, TrialRecord
 from autotune.store.repository import ResultStore
 from autotune.tuner.verdict import (NOISE_FLOOR, Confirmed, ObjectiveVerdict, first_bracket, objective_verdict,
                                     relative_spread, summarize_confirmations)
-from autotune.tuner.winner import ExportChoice
+from autotune.tuner.winner import ExportChoice, baseline_words
 
 NOT_CONFIRMED = "not confirmed"
 SHOWN_LEFT_OUT = 5      # close or flagged trials the confirmation left out, named one a line in `show`
@@ -142,7 +142,7 @@ def export_header(study: StudyRecord, trials: Sequence[TrialRecord], confirmed: 
     if c.verdicts:
         out.append("against the baseline: " + "; ".join(v.text() for v in c.verdicts))
     if t.role == "baseline":
-        out.append("this is the baseline (vLLM's defaults)" + (": " + "; ".join(choice.notes) if choice.notes else ""))
+        out.append(f"this is {baseline_words(t)}" + (": " + "; ".join(choice.notes) if choice.notes else ""))
     return out
 
 
@@ -162,7 +162,7 @@ def verdict_line(trials: Sequence[TrialRecord], confirmed: dict[int, Confirmed],
         return NOT_CONFIRMED
     baseline = next((t for t in trials if t.role == "baseline"), None)
     if baseline is not None and baseline.number == number:
-        return "this is the baseline (vLLM's defaults)"
+        return f"this is {baseline_words(baseline)}"
     if not c.survives:
         return f"{'pending' if c.pending else 'left the front'}: {c.why_not}"
     if not c.verdicts:

@@ -84,13 +84,22 @@ def _by_verdict(study: StudyRecord, confirmed: dict[int, Confirmed], baseline: T
         notes = ([f"no {kind}candidate beat it after confirmation: "
                   + "; ".join(_standing(c, base, name) for c in candidates)] if candidates
                  else [f"no {kind}candidate was confirmed beside it"])
-        return ExportChoice(best.trial, best, f"trial {best.trial.number}: the baseline (vLLM's defaults), best "
+        return ExportChoice(best.trial, best, f"trial {best.trial.number}: {baseline_words(best.trial)}, best "
                                               f"confirmed median on {name} over {len(best.rows)} repeats", notes)
     v = best.verdict(name)
     said = (f", {name} against the baseline: {'better' if v.better else 'no gain beyond noise'}"
             if v is not None and v.interval is not None else ", no paired verdict against the baseline")
     return ExportChoice(best.trial, best, f"trial {best.trial.number}: best confirmed {kind}median on {name} over "
                                           f"{len(best.rows)} repeats{said}")
+
+
+def baseline_words(trial: TrialRecord) -> str:
+    """How the baseline is named. A spec may give it flags of its own (a memory fraction the node can
+    hold, or another study's winner measured as this one's baseline): then it is not "vLLM's defaults",
+    and a reader told so would believe the defaults were measured (seen on the H200, 2026-12-02)."""
+    if not trial.flags:
+        return "the baseline (vLLM's defaults)"
+    return f"the baseline (vLLM's defaults but {' '.join(trial.flags)})"
 
 
 def _worse(c: Confirmed, name: str) -> bool:

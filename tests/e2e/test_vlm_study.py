@@ -71,7 +71,7 @@ def test_a_vlm_study_with_image_traffic_runs_confirms_and_exports(tmp_path: Path
         assert exp.returncode == 0, exp.stderr
         head = out.read_text()
         assert "# confirmed: 3 repeats on fresh servers: capacity_tps" in head and "spread" in head
-        assert "# this is the baseline (vLLM's defaults)" in head
+        assert "# this is the baseline (vLLM's defaults but --gpu-memory-utilization 0.2)" in head
     else:    # a repeat failed or broke the SLO at every load: said, and nothing exported
         assert exp.returncode == 1 and "the baseline #0 did not survive its repeats" in exp.stderr
     assert not servers_in(tmp_path, "vllm.entrypoints.openai.api_server")

@@ -203,3 +203,15 @@ def test_the_noise_at_pick_time_comes_from_the_baselines_repeats_once_they_exist
     assert [t.number for t in picks.extras] == [near.number]                     # 7.5 % below: inside 16 %
     skipped, note = left_out(study, trials, rows, 1)
     assert [t.number for t, _ in skipped] == [2] and "noise 16.0%" in note and "confirm.max_extra = 1" in note
+
+
+def test_a_baseline_with_flags_of_its_own_is_not_called_the_defaults(tmp_path: Path) -> None:
+    # another study's winner measured as this one's baseline (the H200 cross run): "vLLM's defaults"
+    # would say the defaults were measured
+    from autotune.tuner.winner import baseline_words
+
+    store, study = _store(tmp_path, [])
+    plain = _trial(store, study, 0, "baseline", {}, [], 100.0, 10.0, (8, 9))
+    given = _trial(store, study, 1, "baseline", {"max_num_seqs": 133}, ["--max-num-seqs", "133"], 100.0, 10.0, (8, 9))
+    assert baseline_words(plain) == "the baseline (vLLM's defaults)"
+    assert baseline_words(given) == "the baseline (vLLM's defaults but --max-num-seqs 133)"

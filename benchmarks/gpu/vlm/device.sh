@@ -9,8 +9,9 @@
 #   bash benchmarks/gpu/vlm/device.sh estimate             # the twin's budget and curve, before any launch
 #   T0=$(date +%s) bash benchmarks/gpu/vlm/device.sh go text TAG      # the text study, as far as the call allows
 #   T0=$(date +%s) bash benchmarks/gpu/vlm/device.sh go images TAG    # the image study
-#   T0=$(date +%s) bash benchmarks/gpu/vlm/device.sh confirm text TAG # confirmation, resumable (--timeout)
-#   T0=$(date +%s) bash benchmarks/gpu/vlm/device.sh confirm images TAG
+#   T0=$(date +%s) bash benchmarks/gpu/vlm/device.sh confirm images|cross|text TAG  # one confirmation, resumable
+#   T0=$(date +%s) bash benchmarks/gpu/vlm/device.sh chain TAG   # every call after the install: the confirmations
+#                                                                # in priority order, evidence in $OUT/TAG.tgz
 #   T0=$(date +%s) bash benchmarks/gpu/vlm/device.sh cross TAG        # the text winner under the image traffic
 # Every call sends back the DBs, `show` and the trial logs under $OUT.
 set -u
@@ -19,7 +20,8 @@ T0=${T0:-$(date +%s)}
 LIMIT=${LIMIT:-590}          # the device call's limit; everything here must end inside it
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 MODEL=/tmp/models/qwen2.5-vl-7b
-D=/tmp/vlm
+D=${D:-/tmp/vlm}
+R=${R:-/tmp/res}
 
 source benchmarks/gpu/models.sh     # write_models, wait_models, left
 
@@ -62,13 +64,43 @@ go() {   # go text|images TAG: trials only (confirmation is its own step, so a c
   _run studies/h200-qwen2.5-vl-7b-$1.yaml $D/$1.db "$1-$2" --no-confirm
 }
 
-confirm() {   # confirm text|images TAG
+confirm() {   # confirm images|text|cross TAG: --top 1 (the baseline beside it) x REPEATS rounds (3, the tool's
+              # least) on fresh servers, resumable. SLACK: seconds kept back beyond the tool's own guard (a repeat
+              # is not started with less than the study's median trial wall left; the baseline's runs longer).
   wait_models
-  local t=$(( $(left) - 40 ))
-  python3 -m autotune confirm --storage "sqlite:///$D/$1.db" --top 1 --repeats 3 --timeout "${t}s" \
-      > "$OUT/confirm-$1-$2.log" 2>&1
-  echo "confirm exit $?"
-  _evidence $D/$1.db "confirm-$1-$2"
+  local t=$(( $(left) - 40 - ${SLACK:-0} )) hard=$(( $(left) - 20 ))
+  if [ "$t" -lt 60 ]; then echo "confirm $1: ${t}s is too little"; return 0; fi
+  echo "confirm $1 with --timeout ${t}s (SIGTERM at ${hard}s), $(left) s left"
+  timeout -s TERM "$hard" python3 -m autotune confirm --storage "sqlite:///$D/$1.db" --top 1 --extra 0 \
+      --repeats "${REPEATS:-3}" --timeout "${t}s" >> "$R/confirm-$1.log" 2>&1
+  echo "confirm $1 exit $?, $(left) s left"
+}
+
+rows() {   # rows STUDY: confirmation repeats stored
+  python3 -c "import sqlite3,sys; print(sqlite3.connect(sys.argv[1]).execute('select count(*) from autotune_confirmations').fetchone()[0])" "$D/$1.db"
+}
+
+chain() {   # chain TAG: the same command in every call after the install. Confirms images (2 configs x 3),
+            # then cross (the text winner under images, 1 x 3), then text (2 x 3), each only once the one
+            # before is complete; then packs the evidence into $OUT/TAG.tgz (the 8-file limit of $OUT).
+  mkdir -p "$R"
+  local need
+  for s in images:6:60 cross:3:0 text:6:60; do
+    IFS=: read -r name need slack <<< "$s"
+    [ "$(rows $name)" -ge "$need" ] && { echo "$name: $need of $need repeats stored"; continue; }
+    SLACK=$slack confirm $name "$1"
+    echo "$name: $(rows $name) of $need repeats stored"
+    [ "$(rows $name)" -ge "$need" ] || break
+  done
+  for s in images cross text; do
+    python3 -m autotune show --storage "sqlite:///$D/$s.db" > "$R/show-$s.txt" 2>&1
+    python3 -m autotune show --storage "sqlite:///$D/$s.db" --json > "$R/show-$s.json" 2>&1
+    cp $D/$s.db $R/
+  done
+  cp /tmp/models/make.log $R/model-writer.log 2>/dev/null; nvidia-smi > $R/smi.txt 2>&1
+  (cd $D && tar czf $R/confirm-logs.tgz *-logs 2>/dev/null)
+  (cd $R && tar czf "$OUT/$1.tgz" .)
+  echo "chain $1 packed, $(left) s left"
 }
 
 cross() {   # cross TAG: the image study's spec with the text study's exported winner as its baseline, so the

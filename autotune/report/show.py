@@ -240,7 +240,8 @@ def show_command(args: argparse.Namespace) -> int:
         ("constraint-rejected", lambda t: t.cause == causes.CONSTRAINT))}
     if any(counts.values()):
         console.print("not launched or stopped early: " + ", ".join(f"{v} {k}" for k, v in counts.items())
-                      + " (duplicates and candidates outside a learned limit do not count as trials)")
+                      + " (candidates not launched, whether duplicates, outside a learned limit, breaking a known "
+                        "constraint or predicted out of memory, do not count as trials)")
     for line in knob_lines(store, study, trials)[0]:
         console.print(line, markup=False, highlight=False)
     if front:

@@ -439,6 +439,7 @@ class StudyDriver:
                 break
             rejected = check(self, job)
         if rejected is not None:
+            search_hooks.rejected_before_launch(self, job.trial, rejected.cause, job.role)
             self.finish(job, None, rejected)
             return None
         return job

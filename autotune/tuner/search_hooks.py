@@ -131,6 +131,21 @@ def screen(loop: Any, trial: Any, role: str, params: dict[str, Any], flags: list
     return True
 
 
+def rejected_before_launch(loop: Any, trial: Any, cause: str | None, role: str) -> bool:
+    """Mark a candidate that a known constraint or the memory model rejected without a launch as not
+    counting toward --n-trials; True when it was so marked. It cost no GPU time, and counted it spent the
+    budget: an H200 study of a VLM ended its 8 trials with 3 measured, 5 proposals in a row breaking the
+    rule that an image must fit the step's tokens. Such rejections in a row count toward the policy's
+    stop (MAX_FREE_IN_A_ROW), so a space whose proposals all break a rule still ends."""
+    if trial is None or role == "baseline" or cause not in (causes.CONSTRAINT, causes.PREDICTED_OOM):
+        return False
+    trial.set_user_attr(FREE, True)
+    policy = getattr(loop, "policy", None)
+    if policy is not None:
+        policy.free_in_a_row += 1
+    return True
+
+
 def spent(loop: Any, progress: Any) -> bool:
     """True when so many proposals in a row were settled without a launch that the space is spent."""
     policy = getattr(loop, "policy", None)

@@ -152,12 +152,15 @@ def test_the_models_own_length_rejects_a_candidate_before_launch(tmp_path: Path,
     """The issue's case: no --max-model-len among the fixed flags, chunked prefill off, a token budget
     below the model's length (2048 in the demo model's config.json): `constraint`, never launched."""
     spec = study(tmp_path, demo_model_dir, "ok",
-                 enqueue=[{"enable_chunked_prefill": False, "max_num_batched_tokens": 1024, "max_num_seqs": 4}])
+                 enqueue=[{"enable_chunked_prefill": False, "max_num_batched_tokens": 1024, "max_num_seqs": 4},
+                          {"enable_chunked_prefill": True, "max_num_batched_tokens": 1024, "max_num_seqs": 4}])
     raw = yaml.safe_load(spec.read_text())
     raw["engine"]["extra_flags"] = []
     spec.write_text(yaml.safe_dump(raw))
     assert run(spec, n_trials=2) == 0
-    baseline, candidate = rows(tmp_path)
+    # the rejection costs no budget: the next enqueued candidate runs as the study's second trial
+    baseline, candidate, third = rows(tmp_path)
+    assert third[1] in ("ok", "infeasible")
     assert baseline[1] in ("ok", "infeasible")
     assert candidate[1:3] == ("failed", causes.CONSTRAINT)
     assert candidate[3] == ("max_num_batched_tokens (1024) < max_model_len (2048, the model's own from its "

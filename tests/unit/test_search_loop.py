@@ -284,3 +284,19 @@ def test_a_baseline_written_as_text_is_recorded_as_the_value_it_launched(tmp_pat
     assert flags_to_mapping(list(engine.launches[0].flags))["max_num_seqs"] == "100"     # launched as given
     err = capsys.readouterr().err
     assert "baseline: max_num_seqs=100 outside the search space: launched as given" in err
+
+
+def test_a_candidate_breaking_a_known_constraint_costs_no_trial(tmp_path: Path) -> None:
+    # enqueued, so no draw decides it: the first candidate breaks "batched tokens >= max seqs" and is
+    # rejected without a launch; the budget of two trials still launches the second one
+    engine = FailingEngine(lambda flags: (causes.CRASH, "exit code 1"))
+    space = {"params": {"max_num_seqs": {"type": "categorical", "choices": [16, 512], "default": 1024},
+                        "max_num_batched_tokens": {"type": "categorical", "choices": [256, 2048], "default": 8192}}}
+    result = _loop(tmp_path, space, engine, n_trials=2,
+                   enqueue=[{"max_num_seqs": 512, "max_num_batched_tokens": 256},
+                            {"max_num_seqs": 16, "max_num_batched_tokens": 2048}]).run()
+    rows = _rows(tmp_path)
+    assert [(r[1], r[3]) for r in rows] == [("baseline", causes.CRASH), ("enqueued", causes.CONSTRAINT),
+                                           ("enqueued", causes.CRASH)], rows
+    assert "max_num_batched_tokens (256) < max_num_seqs (512)" in rows[1][4]
+    assert len(engine.launches) == 2 and result.complete == 2

@@ -36,6 +36,11 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+# What the stored spec holds for each engine env value: none is stored (a secret cannot be told from a
+# setting by its name alone), so a confirmation or a deploy kit takes it from its own environment.
+ENV_NOT_STORED = "<redacted>"
+
+
 class EngineSpec(_Strict):
     kind: Literal["vllm", "sim"] = "vllm"
     command: list[str] | None = None
@@ -289,7 +294,7 @@ class StudySpec(_Strict):
         from autotune.store.urls import mask_url
 
         body = self.model_dump()
-        body["engine"]["env"] = {k: "<redacted>" for k in self.engine.env}
+        body["engine"]["env"] = {k: ENV_NOT_STORED for k in self.engine.env}
         body["engine"]["extra_flags"] = redact_flags(self.engine.extra_flags)   # --api-key KEY
         if self.engine.command:
             body["engine"]["command"] = redact_flags(self.engine.command)       # docker run -e HF_TOKEN=...

@@ -27,6 +27,7 @@ from autotune.export.kit_scripts import DEBUG, DEPLOY, LIBRARY, SMOKE, STOP
 from autotune.export.options import ExportContext
 from autotune.flags import flags_to_mapping
 from autotune.report.provenance import provenance_lines
+from autotune.spec import ENV_NOT_STORED
 
 # names the kit itself uses (and the environment's own): a flag with one of these names gets FLAG_
 RESERVED = {"MODEL", "HOST", "PORT", "RUN_DIR", "STARTUP_TIMEOUT", "STOP_TIMEOUT", "SMOKE_LOAD", "SMOKE_REQUESTS",
@@ -111,8 +112,10 @@ def settings_sh(ctx: ExportContext) -> str:
     flags = kit_flags(ctx)
     knobs = kit_env_knobs(ctx)
     cmd = _engine_command(ctx)
-    env = {k: str(v) for k, v in (((ctx.study.spec or {}).get("engine") or {}).get("env") or {}).items()
-           if _ENV_NAME.fullmatch(str(k))}
+    stored = {str(k): str(v) for k, v in (((ctx.study.spec or {}).get("engine") or {}).get("env") or {}).items()
+              if _ENV_NAME.fullmatch(str(k))}
+    env = {k: v for k, v in stored.items() if v != ENV_NOT_STORED}
+    unstored = [k for k, v in stored.items() if v == ENV_NOT_STORED]   # the deployer's environment gives them
     load_flag, load_kind, load, capacity = smoke_load(ctx)
     n_requests = max(16, 3 * math.ceil(float(load)))
     q = shlex.quote
@@ -132,6 +135,8 @@ def settings_sh(ctx: ExportContext) -> str:
         "",
         "# the study's engine environment",
         _array("ENV_VARS", list(env)), _array("ENV_DEFAULTS", list(env.values())),
+        "# the study's engine environment whose values the study does not store (none is): set each here",
+        _array("ENV_UNSTORED", unstored),
         "",
         "# environment variables the trial's env knobs set | kind | default (overridden like a flag)",
         _array("KNOB_ENV_VARS", [k[0] for k in knobs]), _array("KNOB_ENV_KINDS", [k[1] for k in knobs]),

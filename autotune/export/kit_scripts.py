@@ -59,6 +59,9 @@ kit_command() {
       if [[ "${FLAG_NAMES[$i]}" == served-model-name ]]; then SERVED="$value"; fi
     fi
   done
+  for name in "${ENV_UNSTORED[@]}"; do   # the study ran with it; its value was never stored
+    [[ -n "${!name+set}" ]] || kit_fail "set $name in the environment: the study ran with it, and autotune never stores an engine environment value"
+  done
   KNOB_ENV=()   # NAME=value for the trial's env knobs, checked like the flags
   for i in "${!KNOB_ENV_VARS[@]}"; do
     name="${KNOB_ENV_VARS[$i]}" kind="${KNOB_ENV_KINDS[$i]}"

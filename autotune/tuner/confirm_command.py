@@ -9,7 +9,7 @@ import os
 import time
 
 from autotune.errors import UserError
-from autotune.spec import build_spec, parse_duration
+from autotune.spec import ENV_NOT_STORED, build_spec, parse_duration
 from autotune.store.repository import ResultStore
 from autotune.tuner.confirm import confirm_study
 from autotune.tuner.progress import Progress
@@ -28,7 +28,7 @@ def confirm_command(args: argparse.Namespace) -> int:
     engine_raw = dict(raw.get("engine") or {})
     env = {}
     for key, value in (engine_raw.get("env") or {}).items():
-        if value == "<redacted>":
+        if value == ENV_NOT_STORED:
             if key not in os.environ:
                 raise UserError(f"engine env {key} is not stored (secrets never are): set it in the environment")
             value = os.environ[key]

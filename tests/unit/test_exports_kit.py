@@ -27,12 +27,13 @@ from autotune.store.repository import ResultStore
 MODEL_DIR = "/srv/my models/llama 8b"     # a space in the path: quoting must hold
 
 
-def _store(tmp_path: Path, engine_command: list[str] | None = None) -> tuple[ResultStore, object]:
+def _store(tmp_path: Path, engine_command: list[str] | None = None,
+           env: dict[str, str] | None = None) -> tuple[ResultStore, object]:
     store = ResultStore(f"sqlite:///{tmp_path}/s.db")
     study = store.ensure_study(
         name="Llama_8B demo", model=MODEL_DIR, engine_kind="vllm",
         engine_command=engine_command or ["vllm", "serve"], fixed_flags=["--max-model-len", "4096"],
-        space_hash="h", spec_hash="x", spec={"engine": {"env": {"VLLM_LOGGING_LEVEL": "INFO"}},
+        space_hash="h", spec_hash="x", spec={"engine": {"env": env or {"VLLM_LOGGING_LEVEL": "INFO"}},
                                             "workload": {"kind": "random", "input_len": 64, "output_len": 16}},
         objectives=[["capacity_tps", "maximize"], ["p50_tpot_ms", "minimize"]], slo="ttft:p99<=1000ms",
         quality_knobs=["kv_cache_dtype"])
@@ -139,6 +140,22 @@ def test_deploy_kit_overrides_are_applied_and_checked(tmp_path):
         assert not marker.exists()
     stop = subprocess.run([str(kit / "stop.sh")], capture_output=True, text=True, timeout=30)
     assert stop.returncode == 0 and "not running" in stop.stdout
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="bash is not installed")
+def test_an_engine_env_value_the_study_never_stored_must_come_from_the_deployers_environment(tmp_path):
+    # the stored spec holds no engine env value (spec.public_dict); a kit that passed the placeholder on
+    # started vLLM with VLLM_ENABLE_V1_MULTIPROCESSING='<redacted>', which vLLM refused (seen in the e2e test)
+    from autotune.spec import ENV_NOT_STORED
+
+    store, study = _store(tmp_path, env={"VLLM_ENABLE_V1_MULTIPROCESSING": ENV_NOT_STORED})
+    kit = _kit(tmp_path, store, study)
+    assert ENV_NOT_STORED not in (kit / "settings.sh").read_text()
+    run = _dry(kit, "deploy.sh")
+    assert run.returncode == 2 and run.stdout == ""
+    assert run.stderr.strip() == ("deploy.sh: set VLLM_ENABLE_V1_MULTIPROCESSING in the environment: the study ran "
+                                  "with it, and autotune never stores an engine environment value")
+    assert _dry(kit, "deploy.sh", VLLM_ENABLE_V1_MULTIPROCESSING="0").returncode == 0
 
 
 def test_deploy_kit_files_and_smoke_defaults(tmp_path):

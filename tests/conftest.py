@@ -46,9 +46,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 # With this the CPU build keeps vLLM's one-process executor (it forces the multiprocess one otherwise): the
 # worker runs inside the engine core, so a start imports torch and vLLM in two processes, not three (API
-# server, engine core, worker), ~27 CPU seconds instead of ~40 here. For servers whose process tree is not
-# what a test is about (the shared ones, studies that only need *a* server); the process tree's own tests
-# (test_engine_vllm, the tuning loop's SIGKILL, the deploy kit's stop.sh) keep vLLM's three processes.
+# server, engine core, worker), ~27 CPU seconds instead of ~40 here. Every study and shared server of the
+# suite runs so (the API server still has its engine core as a child: a tree to stop, a child to wait for);
+# tests/e2e/test_engine_vllm.py keeps vLLM's three processes, since stopping the workers is its subject.
 ONE_PROCESS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 
 

@@ -32,13 +32,15 @@ REPO = Path(__file__).resolve().parents[2]
 AUTOTUNE = [sys.executable, "-m", "autotune"]
 
 
-def _spec(tmp_path: Path, model: Path) -> Path:
+def _spec(tmp_path: Path, model: Path, env: dict[str, str]) -> Path:
     spec = {
         "name": "e2e",
         "model": str(model),
         "engine": {"kind": "vllm", "command": ["{python}", "-m", "vllm.entrypoints.openai.api_server"],
                    "extra_flags": ["--dtype", "bfloat16", "--max-model-len", "512", "--enforce-eager"],
-                   "startup_timeout_s": 600},
+                   # vLLM's one-process executor: the API server and its engine core, no worker process
+                   # (the SIGKILL below waits for the engine core; the kit's stop.sh still stops a tree)
+                   "startup_timeout_s": 600, "env": env},
         "search_space": {"params": {
             "gpu_memory_utilization": {"type": "categorical", "choices": [0.1, 0.15, 0.99]},
             "max_num_seqs": {"type": "int", "low": 4, "high": 16, "log": True},
@@ -67,8 +69,8 @@ def _rows(db: Path, sql: str) -> list[tuple]:
 
 
 def test_tune_kill_resume_show_export(autotune_run, servers_in, wait_until, tmp_path: Path,
-                                     demo_model_dir: Path) -> None:
-    spec = _spec(tmp_path, demo_model_dir)
+                                     demo_model_dir: Path, one_process_env) -> None:
+    spec = _spec(tmp_path, demo_model_dir, one_process_env)
     db = tmp_path / "e2e.db"
     args = ["run", "--study", str(spec), "--n-trials", "3", "--no-progress"]
 
@@ -159,7 +161,7 @@ def test_tune_kill_resume_show_export(autotune_run, servers_in, wait_until, tmp_
         stop_group(proc.pid, proc.pid, grace_s=15, popen=proc)
 
     # 5. The deploy kit of the same trial: deploy, smoke, a redeploy with an override, stop.
-    _deploy_kit(tmp_path, db, number)
+    _deploy_kit(tmp_path, db, number, one_process_env)
 
 
 def _family(pid: int) -> list[int]:
@@ -180,8 +182,9 @@ def _alive(pids: list[int]) -> list[int]:
     return out
 
 
-def _deploy_kit(tmp_path: Path, db: Path, number: int) -> None:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
+def _deploy_kit(tmp_path: Path, db: Path, number: int, engine_env: dict[str, str]) -> None:
+    # the study's engine env values are not stored (secrets never are): the deployer gives them
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", **engine_env}
     sh = lambda *args, timeout=1200, **extra: subprocess.run(  # noqa: E731
         [str(a) for a in args], cwd=tmp_path, env={**env, **extra}, capture_output=True, text=True, timeout=timeout)
     (capacity_json, params), = _rows(db, f"select json_extract(capacity, '$.capacity'), params from autotune_trials "

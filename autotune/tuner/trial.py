@@ -26,6 +26,7 @@ from autotune.bench.capacity import capacity_tps
 from autotune.bench.client import STALLED
 from autotune.bench.results import Measurement
 from autotune.engine.base import Engine, EngineFailure, LaunchRequest, Server, StartupInfo
+from autotune.engine.deployment import launch as launch_server, members_of
 from autotune.bench.step_bounds import ServerLimits
 from autotune.engine.logparse import logged_kv_tokens, port_in_use
 from autotune.engine.process import find_free_port, write_log_header
@@ -173,8 +174,9 @@ class TrialRunner:
                                 cores=launch.cores)
         worker = Worker(TARGET, cores=launch.client_cores).start()   # boots while the server starts
         try:
-            server = self.engine.launch(request)
-            record_id = self._register(server, port)
+            server = launch_server(self.engine, request)   # one server, or a PD deployment (engine/deployment.py)
+            members = members_of(server, port, launch.gpus)
+            record_ids = [self._register(m.server, m.port) for m in members]
             outcome: TrialOutcome | None = None
             try:
                 with interruptible():
@@ -184,10 +186,13 @@ class TrialRunner:
                 phase("stopping server")
                 worker.close()
                 server.stop()
-                self.store.forget_process(record_id)
+                for record_id in record_ids:
+                    self.store.forget_process(record_id)
                 if outcome is None or not (outcome.startup is None and port_in_use(outcome.log_tail or "")):
-                    self.engine.release_wait(port, launch.gpus)   # (a port someone else holds is never released)
-                self.redactor.file(launch.log_path)
+                    for m in members:   # (a port someone else holds is never released)
+                        self.engine.release_wait(m.port, m.gpus)
+                for m in members:
+                    self.redactor.file(m.server.log_path)
         finally:
             worker.close()
 

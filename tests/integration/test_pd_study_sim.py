@@ -1,0 +1,45 @@
+"""A PD split measured as a study's candidate (issue 26) on the simulator: `autotune run` launches the
+enqueued 1p1d as prefill and decode sim-serve processes behind autotune's router, measures it through
+the router like any layout, records it with one log per process, and leaves no process behind."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from autotune import causes
+
+pytestmark = pytest.mark.study     # whole studies in their own processes (make test-fast skips them)
+
+SPACE = {"params": {
+    "max_num_seqs": {"type": "int", "low": 8, "high": 64, "log": True},
+    "parallel_layout": {"type": "categorical", "default": "tp1", "requires_gpus": 2,
+                        "choices": {"tp1": {}, "1p1d": {"pd_prefill": 1, "pd_decode": 1}}},
+    "pd_kv_buffer_device": {"type": "categorical", "choices": ["cuda", "cpu"], "default": "cuda",
+                            "requires_gpus": 2, "when": {"parallel_layout": ["1p1d"]}}}}
+
+
+def test_a_split_is_launched_measured_and_stopped_as_a_candidate(autotune_run, servers_in, sim_spec,
+                                                                  tmp_path: Path) -> None:
+    spec = sim_spec("pd", engine={"num_gpus": 2}, search_space=SPACE, confirm={"enabled": False},
+                    load={"max_steps": 2, "requests_per_step": 24},
+                    enqueue=[{"parallel_layout": "1p1d", "pd_kv_buffer_device": "cuda", "max_num_seqs": 32}])
+    run = autotune_run(["run", "--study", str(spec), "--n-trials", "2", "--no-progress"], tmp_path)
+    assert run.finish(300) == 0, "\n".join(run.lines)
+    with sqlite3.connect(tmp_path / "pd.db") as conn:
+        rows = conn.execute("select number, state, cause, params, log_path, metrics from autotune_trials "
+                            "order by number").fetchall()
+    split = [r for r in rows if json.loads(r[3]).get("parallel_layout") == "1p1d"]
+    assert len(split) == 1, rows
+    number, state, cause, _, log_path, metrics = split[0]
+    assert state == "ok" and cause in (None, causes.CLIENT_SATURATED), rows   # (a loaded machine's client)
+    assert json.loads(metrics)["completed"] > 0
+    log = Path(log_path)
+    assert "Starting router on" in log.read_text()
+    stem = log.stem
+    assert (log.parent / f"{stem}.prefill-0.log").is_file() and (log.parent / f"{stem}.decode-0.log").is_file()
+    assert "'kv_transfer_config': {'kv_connector': 'NixlConnector'" in (log.parent / f"{stem}.decode-0.log").read_text()
+    assert not servers_in(tmp_path, "sim-serve") and not servers_in(tmp_path, "autotune router")

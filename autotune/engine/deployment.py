@@ -63,6 +63,14 @@ def members_of(server: Server, port: int, gpus: Sequence[int]) -> list[Member]:
     return [Member("server", server, port, tuple(gpus), "server")]
 
 
+def startup_log(server: Server) -> Path:
+    """The log whose startup lines describe the serving capacity: a deployment's first decode instance's
+    (its router's log says nothing of KV caches), else the server's own."""
+    if isinstance(server, Deployment):
+        return next(m.server.log_path for m in server.members if m.role == "decode")
+    return server.log_path
+
+
 def _instance_log(log_path: Path, role: str, index: int) -> Path:
     return log_path.with_name(f"{log_path.stem}.{role}-{index}{log_path.suffix or '.log'}")
 

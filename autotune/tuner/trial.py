@@ -26,7 +26,7 @@ from autotune.bench.capacity import capacity_tps
 from autotune.bench.client import STALLED
 from autotune.bench.results import Measurement
 from autotune.engine.base import Engine, EngineFailure, LaunchRequest, Server, StartupInfo
-from autotune.engine.deployment import launch as launch_server, members_of
+from autotune.engine.deployment import launch as launch_server, members_of, startup_log
 from autotune.bench.step_bounds import ServerLimits
 from autotune.engine.logparse import logged_kv_tokens, port_in_use
 from autotune.engine.process import find_free_port, write_log_header
@@ -281,7 +281,7 @@ class TrialRunner:
             url=server.url, model=self.spec.model, workload=dict(self.spec.workload), slo=self.spec.slo,
             load=self.spec.load.model_dump(), seed=launch.seed, tokenizer=self.tokenizer, api_key=self.api_key,
             hint=launch.hint, claim=launch.claim, early_stop=early, log_path=str(launch.log_path),
-            limits=asdict(ServerLimits.from_flags(launch.flags, logged_kv_tokens(launch.log_path))),
+            limits=asdict(ServerLimits.from_flags(launch.flags, logged_kv_tokens(startup_log(server)))),
             telemetry=TelemetryRequest(source=self.telemetry.name, hz=self.spec.telemetry.hz,
                                        server_pid=server.pid, gpus=list(launch.gpus), server_url=server.url))
 

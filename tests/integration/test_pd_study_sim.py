@@ -1,6 +1,7 @@
 """A PD split measured as a study's candidate (issue 26) on the simulator: `autotune run` launches the
 enqueued 1p1d as prefill and decode sim-serve processes behind autotune's router, measures it through
-the router like any layout, records it with one log per process, and leaves no process behind."""
+the router like any layout, records it with one log per process, leaves no process behind, and exports it as the commands that start
+it (a one-server format is refused for it)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from autotune import causes
+from autotune.cli import main
 
 pytestmark = pytest.mark.study     # whole studies in their own processes (make test-fast skips them)
 
@@ -22,8 +24,8 @@ SPACE = {"params": {
                             "requires_gpus": 2, "when": {"parallel_layout": ["1p1d"]}}}}
 
 
-def test_a_split_is_launched_measured_and_stopped_as_a_candidate(autotune_run, servers_in, sim_spec,
-                                                                  tmp_path: Path) -> None:
+def test_a_split_is_launched_measured_stopped_and_exported(autotune_run, servers_in, sim_spec, tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
     spec = sim_spec("pd", engine={"num_gpus": 2}, search_space=SPACE, confirm={"enabled": False},
                     load={"max_steps": 2, "requests_per_step": 24},
                     enqueue=[{"parallel_layout": "1p1d", "pd_kv_buffer_device": "cuda", "max_num_seqs": 32}])
@@ -43,3 +45,16 @@ def test_a_split_is_launched_measured_and_stopped_as_a_candidate(autotune_run, s
     assert (log.parent / f"{stem}.prefill-0.log").is_file() and (log.parent / f"{stem}.decode-0.log").is_file()
     assert "'kv_transfer_config': {'kv_connector': 'NixlConnector'" in (log.parent / f"{stem}.decode-0.log").read_text()
     assert not servers_in(tmp_path, "sim-serve") and not servers_in(tmp_path, "autotune router")
+    # the export writes the split's launch (instances with their connector config, then the router) ...
+    storage = f"sqlite:///{tmp_path}/pd.db"
+    assert main(["export", "--storage", storage, "--format", "command", "--trial", str(number), "--accept-flagged", "-o", "-"]) == 0
+    text = capsys.readouterr().out
+    prefill, decode, router = [line for line in text.splitlines() if not line.startswith("#")]
+    assert prefill.startswith("CUDA_VISIBLE_DEVICES=0 VLLM_NIXL_SIDE_CHANNEL_PORT=5600 vllm serve llama-3.1-8b")
+    assert decode.startswith("CUDA_VISIBLE_DEVICES=1 ") and "--port 8200 --kv-transfer-config" in decode
+    assert "--pd-" not in text and "NixlConnector" in decode
+    assert router == "autotune router --port 8000 --prefill http://127.0.0.1:8100 --decode http://127.0.0.1:8200"
+    # ... and refuses a one-server format for it, in one line
+    assert main(["export", "--storage", storage, "--format", "vllm-yaml", "--trial", str(number), "--accept-flagged", "-o", "-"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]     # (after the flagged trial's warning)
+    assert err.startswith(f"autotune: error: trial {number} is a prefill/decode split (1p1d): ")

@@ -123,3 +123,12 @@ def test_estimate_refuses_a_split_it_cannot_read(capsys: pytest.CaptureFixture[s
     assert main(["estimate", "--gpu", "H200", "--model-profile", "llama-3.1-8b", "--pd", "1p0d"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("autotune estimate: error: --pd '1p0d'") and "\n" not in err
+
+
+def test_a_splits_serving_limits_are_its_decode_instances() -> None:
+    """The capacity search's knee (bench/step_bounds.py): a split batches on its decode instances."""
+    from autotune.bench.step_bounds import ServerLimits
+
+    flags = ["--max-num-seqs", "32", "--pd-prefill", "1", "--pd-decode", "2"]
+    assert ServerLimits.from_flags(flags, 10_000) == ServerLimits(64, 20_000)
+    assert ServerLimits.from_flags(flags[:2], 10_000) == ServerLimits(32, 10_000)

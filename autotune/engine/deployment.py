@@ -24,7 +24,7 @@ import httpx
 
 from autotune import causes
 from autotune.engine.base import Engine, EngineFailure, LaunchRequest, Server, StartupInfo
-from autotune.engine.process import find_free_port, spawn, write_log_header
+from autotune.engine.process import find_free_port, port_free, spawn, write_log_header
 from autotune.engine.vllm import VLLMServer
 from autotune.flags import flags_to_mapping, parallel_size
 from autotune.pdlayout import PDLayout, split_pd_flags
@@ -107,7 +107,7 @@ class Deployment(Server):
         try:
             for k, (role, i) in enumerate(roles):
                 port = _fresh_port(taken)
-                side = _fresh_port(taken)
+                side = _fresh_port(taken, per)
                 mine = gpus[k * per:(k + 1) * per] if gpus else ()
                 env = dict(request.env)
                 if k > 0:
@@ -206,12 +206,14 @@ class Deployment(Server):
         return "\n".join(f"[{m.name}: {m.server.log_path}]\n{m.server.log_tail(each)}" for m in self.members)
 
 
-def _fresh_port(taken: set[int]) -> int:
-    """A free port not already given to another process of this deployment."""
+def _fresh_port(taken: set[int], block: int = 1) -> int:
+    """A free port, and the `block - 1` after it free too, none given to another process of this
+    deployment (NIXL's side channel listens on its base port plus each TP rank)."""
     while True:
         port = find_free_port()
-        if port not in taken:
-            taken.add(port)
+        ports = set(range(port, port + block))
+        if not ports & taken and all(port_free(p) for p in range(port + 1, port + block)):
+            taken.update(ports)
             return port
 
 

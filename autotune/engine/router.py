@@ -121,6 +121,7 @@ class Router:
                     return web.Response(status=resp.status, body=data, content_type=resp.content_type)
             handoff = json.loads(data).get("kv_transfer_params")
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, AttributeError) as e:
+            log.warning("prefill instance %s failed: %s: %s", prefill, type(e).__name__, e)
             return _error(f"prefill instance {prefill} failed: {type(e).__name__}: {e}", 502)
         decode = next(self._next_decode)
         try:
@@ -129,11 +130,20 @@ class Router:
                     k: v for k, v in resp.headers.items()
                     if k.lower() in PASSED_HEADERS or k.lower().startswith("x-autotune-")})
                 await out.prepare(request)
-                async for chunk in resp.content.iter_any():
-                    await out.write(chunk)
+                try:
+                    async for chunk in resp.content.iter_any():
+                        await out.write(chunk)
+                except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+                    # the answer has begun: no error response can follow it. Cut the client's connection,
+                    # as the decode instance's death cut ours, so the request fails now, not at a timeout
+                    log.warning("decode instance %s failed mid-answer: %s: %s", decode, type(e).__name__, e)
+                    if request.transport is not None:
+                        request.transport.abort()
+                    return out
                 await out.write_eof()
                 return out
         except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+            log.warning("decode instance %s failed: %s: %s", decode, type(e).__name__, e)
             return _error(f"decode instance {decode} failed: {type(e).__name__}: {e}", 502)
 
     # ---- the rest of vLLM's endpoints ---------------------------------------------------------------

@@ -25,8 +25,8 @@ from autotune.engine.sim import SimEngine
 FLAGS = ["--max-model-len", "4096", "--max-num-seqs", "32", "--pd-prefill", "1", "--pd-decode", "1"]
 
 
-def _start(tmp_path: Path, flags: list[str] = FLAGS) -> Deployment:
-    engine = SimEngine("H100", 2, time_scale=40)
+def _start(tmp_path: Path, flags: list[str] = FLAGS, time_scale: float = 40) -> Deployment:
+    engine = SimEngine("H100", 2, time_scale=time_scale)
     server = launch(engine, LaunchRequest(model="llama-3.1-8b", flags=flags, port=find_free_port(),
                                           log_path=tmp_path / "trial-0001.log", startup_timeout_s=60))
     assert isinstance(server, Deployment)
@@ -92,7 +92,7 @@ def test_serves_through_the_router_with_the_kv_handed_over_and_stops_every_proce
     assert "Starting router on" in (tmp_path / "trial-0001.log").read_text()
 
 
-@pytest.mark.parametrize("victim", ["decode", "router"])
+@pytest.mark.parametrize("victim", ["router"])   # a decode instance: test_pd_study_sim.py, under load
 def test_a_dead_process_fails_the_deployment_with_its_name(tmp_path: Path, victim: str) -> None:
     server = _start(tmp_path)
     try:
@@ -106,6 +106,36 @@ def test_a_dead_process_fails_the_deployment_with_its_name(tmp_path: Path, victi
         assert failure.detail.startswith(f"{target.name} exited: "), failure.detail
         assert target.name in failure.log_tail
         assert not _gone([m.server.pid for m in server.members])   # the others were stopped with it
+    finally:
+        server.stop(grace_s=5)
+
+
+def test_a_decode_instance_dying_mid_answer_cuts_the_clients_stream(tmp_path: Path) -> None:
+    """The router cannot send an error once the answer has begun: it cuts the client's connection, so a
+    load client (aiohttp, as bench's) fails the request at once instead of waiting out its stall timeout."""
+    import asyncio
+
+    import aiohttp
+
+    server = _start(tmp_path, time_scale=1)    # 2,000 tokens take the twin seconds of wall time
+
+    async def request() -> str:
+        body = {"model": "llama-3.1-8b", "prompt": "word " * 100, "max_tokens": 2000, "stream": True}
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
+            async with session.post(server.url + "/v1/completions", json=body) as resp:
+                await resp.content.readline()              # the answer has begun (an event, not a sleep)
+                os.kill(server.instances[1].server.pid, signal.SIGKILL)
+                try:
+                    async for _ in resp.content.iter_any():
+                        pass
+                except aiohttp.ClientPayloadError:
+                    return "cut"
+                return "ended"
+
+    try:
+        server.wait_ready()
+        assert asyncio.run(request()) == "cut"
+        assert "failed mid-answer" in (tmp_path / "trial-0001.log").read_text()
     finally:
         server.stop(grace_s=5)
 

@@ -58,3 +58,23 @@ def test_a_split_is_launched_measured_stopped_and_exported(autotune_run, servers
     assert main(["export", "--storage", storage, "--format", "vllm-yaml", "--trial", str(number), "--accept-flagged", "-o", "-"]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]     # (after the flagged trial's warning)
     assert err.startswith(f"autotune: error: trial {number} is a prefill/decode split (1p1d): ")
+
+
+def test_a_split_instance_killed_under_load_fails_its_trial_by_name(autotune_run, servers_in, sim_spec,
+                                                                     tmp_path: Path) -> None:
+    """The decode instance's PID is killed while the split is measured: the trial fails, its detail names
+    that instance, the study goes on, and no process of the split is left."""
+    spec = sim_spec("pdkill", engine={"num_gpus": 2, "time_scale": 10}, search_space=SPACE,
+                    confirm={"enabled": False}, load={"max_steps": 3, "requests_per_step": 40},
+                    enqueue=[{"parallel_layout": "1p1d", "pd_kv_buffer_device": "cuda", "max_num_seqs": 32}])
+    run = autotune_run(["run", "--study", str(spec), "--n-trials", "2", "--no-progress"], tmp_path)
+    run.wait_for(lambda ls: any(l.startswith("[trial 1]") for l in ls) and "capacity search" in ls[-1], 180)
+    header = next((tmp_path / "pdkill-logs").glob("trial-0001.decode-0.log")).read_text().splitlines()[0]
+    port = header.split("(port ")[1].split(")")[0]
+    victim = next(p for p in servers_in(tmp_path, "sim-serve") if f"--port {port} " in " ".join(p.cmdline()))
+    victim.kill()
+    assert run.finish(300) == 0, "\n".join(run.lines)
+    with sqlite3.connect(tmp_path / "pdkill.db") as conn:
+        state, detail = conn.execute("select state, detail from autotune_trials where number = 1").fetchone()
+    assert state == "failed" and detail.startswith(f"decode instance 0 (port {port}) exited: "), detail
+    assert not servers_in(tmp_path, "sim-serve") and not servers_in(tmp_path, "autotune router")

@@ -281,6 +281,7 @@ class TrialRunner:
             url=server.url, model=self.spec.model, workload=dict(self.spec.workload), slo=self.spec.slo,
             load=self.spec.load.model_dump(), seed=launch.seed, tokenizer=self.tokenizer, api_key=self.api_key,
             hint=launch.hint, claim=launch.claim, early_stop=early, log_path=str(launch.log_path),
+            more_logs=[str(m.server.log_path) for m in members_of(server, 0, ()) if m.server.log_path != launch.log_path],
             limits=asdict(ServerLimits.from_flags(launch.flags, logged_kv_tokens(startup_log(server)))),
             telemetry=TelemetryRequest(source=self.telemetry.name, hz=self.spec.telemetry.hz,
                                        server_pid=server.pid, gpus=list(launch.gpus), server_url=server.url))

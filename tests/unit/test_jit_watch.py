@@ -119,3 +119,16 @@ def test_a_cut_short_step_whose_compile_is_logged_while_it_drains_is_re_run(tmp_
     assert probe.disturbances == ["the server JIT-compiled fused_moe_kernel during the step"]
     assert probe.discarded is not None and probe.discarded.aborted_early and probe.slo_met
     assert r.capacity == 1 and r.flags == []
+
+
+def test_a_deployments_instance_logs_are_watched_too(tmp_path):
+    """A PD split's router log says nothing of kernels; its instances' logs do (engine/deployment.py)."""
+    router, decode = tmp_path / "trial-0001.log", tmp_path / "trial-0001.decode-0.log"
+    router.write_text("INFO router: Starting router on http://127.0.0.1:8000\n")
+    before, _, step16 = _steps(MOE)
+    decode.write_text(before)
+    watch = JitWatch(router, [decode, tmp_path / "trial-0001.prefill-0.log"])   # (one not written yet)
+    watch.begin()
+    with open(decode, "a") as f:
+        f.write(step16)
+    assert watch.disturbed() == "the server JIT-compiled fused_moe_kernel during the step"

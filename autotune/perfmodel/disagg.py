@@ -8,6 +8,8 @@ Assumptions (stated, not measured: only one GPU was lent while this was written,
 - The link runs at LINK_EFFICIENCY of its peak for these block-sized copies, and each hand-off pays a
   fixed TRANSFER_OVERHEAD_S (the side-channel handshake, the block-id exchange, the notification).
 - With `kv_buffer_device: cpu` the KV is staged through host memory: two PCIe copies at HOST_STAGING_GBPS.
+- Each hand-off has the link to itself: concurrent hand-offs do not share its bandwidth (optimistic under
+  heavy traffic of long prompts), and the transfer does not slow the steps of either instance.
 """
 
 from __future__ import annotations

@@ -257,9 +257,10 @@ class SimServer:
                          prompt_block_hashes(parsed.prompt_tokens, self.plan.config.block_size),
                          **encoder_work(self.image_rules, parsed.images), remote_cached=remote)
         lv = _Live(sim, parsed, handoff=handoff)
-        if remote:   # the client's clock starts where the prefill instance's did
-            lv.offset = offset + float(body["kv_transfer_params"].get("autotune_sim", {}).get("prefill_s", 0.0))
-            arrival -= lv.offset - offset
+        if remote:   # the client's clock started at the prefill instance: its prefill counts too
+            prefill_s = float((body["kv_transfer_params"].get("autotune_sim") or {}).get("prefill_s", 0.0))
+            lv.offset = offset + prefill_s
+            arrival -= prefill_s
         sim.on_token = lambda r, t, lv=lv: lv.pending.append(t)
         self.live[rid] = lv
         self.arrivals.append((sim.arrival, lv))

@@ -21,6 +21,7 @@ from typing import Any, Mapping, Sequence
 from autotune.errors import UserError
 
 PD_PREFIX = "--pd-"
+KV_TRANSFER_FLAG = "--kv-transfer-config"   # the vLLM flag a split's instances get (an engine must know it)
 CONNECTOR = "NixlConnector"           # the connector the router's protocol (kv_transfer_params) belongs to
 BUFFER_DEVICES = ("cuda", "cpu")      # NixlConnector's kv_buffer_device on CUDA: device memory or host staging
 _KEYS = {"prefill", "decode", "kv_buffer_device"}

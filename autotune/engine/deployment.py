@@ -27,7 +27,7 @@ from autotune.engine.base import Engine, EngineFailure, LaunchRequest, Server, S
 from autotune.engine.process import find_free_port, port_free, spawn, write_log_header
 from autotune.engine.vllm import VLLMServer
 from autotune.flags import flags_to_mapping, parallel_size
-from autotune.pdlayout import PDLayout, split_pd_flags
+from autotune.pdlayout import KV_TRANSFER_FLAG, PDLayout, split_pd_flags
 
 _POLL_S = 0.25
 _HEALTH_TIMEOUT_S = 2.0
@@ -100,7 +100,7 @@ class Deployment(Server):
             raise ValueError(f"{layout.label} with {per} GPU(s) per instance needs {per * layout.instances} "
                              f"GPUs; the launch was given {len(gpus)}")
         started = time.monotonic()
-        kv = ["--kv-transfer-config", layout.kv_transfer_config()]
+        kv = [KV_TRANSFER_FLAG, layout.kv_transfer_config()]
         members: list[Member] = []
         taken = {request.port}
         roles = [("prefill", i) for i in range(layout.prefill)] + [("decode", i) for i in range(layout.decode)]

@@ -13,7 +13,7 @@ from typing import Any, Mapping, Sequence
 import yaml
 
 from autotune.flags import flags_to_mapping, parallel_size
-from autotune.pdlayout import PDLayout, split_pd_flags
+from autotune.pdlayout import KV_TRANSFER_FLAG, PDLayout, split_pd_flags
 from autotune.redact import REDACTED, SECRET_FLAGS
 from autotune.report.provenance import provenance_lines
 from autotune.store.models import StudyRecord, TrialRecord
@@ -127,7 +127,7 @@ def pd_commands(layout: PDLayout, cmd: list[str], env: str, first_gpu: int = 0, 
         gpus = ",".join(str(first_gpu + k * per + j) for j in range(per))
         inst_port = port + 100 * (1 if role == "prefill" else 2) + i
         urls[role].append(f"http://127.0.0.1:{inst_port}")
-        argv = [*cmd, "--port", str(inst_port), "--kv-transfer-config", layout.kv_transfer_config()]
+        argv = [*cmd, "--port", str(inst_port), KV_TRANSFER_FLAG, layout.kv_transfer_config()]
         lines.append(" ".join([f"CUDA_VISIBLE_DEVICES={gpus}", f"VLLM_NIXL_SIDE_CHANNEL_PORT={5600 + k * per}",
                                *([env] if env else []), *(shlex.quote(c) for c in argv), "&"]))
     lines.append(" ".join(["autotune", "router", "--port", str(port), "--prefill", *urls["prefill"],

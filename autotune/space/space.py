@@ -23,7 +23,7 @@ import yaml
 from autotune.errors import UserError
 from autotune.space.constraints import needs_fixed, notes, violations
 from autotune.flags import flags_to_mapping, mapping_to_flags, with_env
-from autotune.pdlayout import is_pd_flag
+from autotune.pdlayout import KV_TRANSFER_FLAG, is_pd_flag
 from autotune.space.params import ParamSpec
 
 SPACES_DIR = Path(__file__).resolve().parents[2] / "search_spaces"
@@ -128,11 +128,12 @@ class SearchSpace:
         """The space without the flags this engine lacks, and one notice line per knob (or composite
         choice) dropped. `unknown` is the engine's `--help` check (engine.unknown_flags). Environment
         knobs are not flags and are kept; a conditional knob whose parent went goes with it. PD layout
-        flags (`--pd-*`, pdlayout.py) are autotune's own and never asked about."""
+        flags (`--pd-*`, pdlayout.py) are autotune's own: what the engine must know for them is
+        `--kv-transfer-config`, which every instance of a split gets."""
         engine_unknown = unknown
 
         def unknown(flags: Sequence[str]) -> Sequence[str]:
-            return engine_unknown([f for f in flags if not is_pd_flag(f)])
+            return engine_unknown(list(dict.fromkeys(KV_TRANSFER_FLAG if is_pd_flag(f) else f for f in flags)))
 
         keep: dict[str, ParamSpec] = {}
         notices: list[str] = []

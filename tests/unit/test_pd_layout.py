@@ -59,9 +59,12 @@ def test_the_default_space_offers_the_splits_the_gpus_allow() -> None:
     four = space.narrowed(4, False).params["parallel_layout"].choices
     assert {"1p1d", "1p2d", "2p1d", "1p1d-tp2"} <= set(four)
     assert "pd_kv_buffer_device" not in space.narrowed(1, False).params
-    # an engine's --help never lists --pd-*: the splits and their knob stay
+    # an engine's --help never lists --pd-*: the splits and their knob stay where it lists --kv-transfer-config
     kept, notices = space.narrowed(2, False).supported(lambda flags: [f for f in flags if f.startswith("--pd-")])
     assert "1p1d" in kept.params["parallel_layout"].choices and "pd_kv_buffer_device" in kept.params and not notices
+    old, notices = space.narrowed(2, False).supported(lambda flags: [f for f in flags if f == "--kv-transfer-config"])
+    assert "1p1d" not in old.params["parallel_layout"].choices and "pd_kv_buffer_device" not in old.params
+    assert "the engine lacks --kv-transfer-config (not in its --help): parallel_layout choice 1p1d dropped, never sent" in notices
     assert not any(f.startswith("--pd-") for f in kept.flag_names())
     rendered = kept.render({"parallel_layout": "1p1d", "pd_kv_buffer_device": "cpu"})
     assert rendered == ["--pd-prefill", "1", "--pd-decode", "1", "--pd-kv-buffer-device", "cpu"]

@@ -7,7 +7,9 @@ At each concurrency c of a closed loop (c users, each sending its next request w
 - the request rate is c / (TTFT + (out - 1) x TPOT), the TTFT depending on the rate (found by bisection);
 - the prefill pool (N instances) gets that rate / N as Poisson arrivals of one-token requests: its TTFT;
 - the split's TTFT is prefill TTFT + the KV hand-off (perfmodel/disagg.py) + the decode's first token.
-Medians add up as an approximation (p50 of a sum is not the sum of p50s); every figure is SIMULATED.
+Medians add up as an approximation (p50 of a sum is not the sum of p50s). Output tok/s on both sides is
+c x output / (TTFT + (output - 1) x TPOT) from the medians, so it differs from the curve's figures (the
+in-process run's own, which count a short run's drain). Every figure is SIMULATED.
 """
 
 from __future__ import annotations
@@ -66,8 +68,11 @@ def split_row(plan: Plan, layout: PDLayout, c: int, input_len: int, output_len: 
     rate = max(lo, 1e-6)
     pre = prefill_at(rate)
     ttft = pre["median_ttft_ms"] / 1e3 + hand + first_decode
+    # tok/s by Little's law for both sides, so that they compare (the single run's own throughput counts
+    # its drain at the end of a short run; the split's rate has none)
+    single_cycle = (single["median_ttft_ms"] + max(output_len - 1, 0) * single["median_tpot_ms"]) / 1e3
     return {"concurrency": c,
-            "single": {"output_tps": round(single["output_throughput"], 1),
+            "single": {"output_tps": round(c * output_len / single_cycle, 1),
                        "p50_ttft_ms": round(single["median_ttft_ms"], 1),
                        "p50_tpot_ms": round(single["median_tpot_ms"], 2)},
             "split": {"output_tps": round(rate * output_len, 1), "p50_ttft_ms": round(ttft * 1e3, 1),
@@ -103,6 +108,7 @@ def render_split(pd: dict[str, Any], input_len: int) -> list[str]:
              f"a {input_len}-token prompt moves {pd['kv_bytes_per_request_per_gpu'] / 2**20:.1f} MiB per GPU "
              f"in ~{pd['transfer_ms']:.2f} ms",
              f"  assumption: {pd['assumption']}",
+             "  tok/s for both: concurrency x output / (TTFT + (output - 1) x TPOT), from the medians",
              f"  concurrency | single: tok/s  TTFT p50 ms  TPOT p50 ms | {name}: tok/s  TTFT p50 ms  TPOT p50 ms"]
     for r in pd["rows"]:
         s, p = r["single"], r["split"]

@@ -110,6 +110,7 @@ def test_estimate_reports_the_split_beside_the_single_instance(capsys: pytest.Ca
     assert "SIMULATED prefill/decode split 1P+1D (1p1d, 2 GPUs, NixlConnector)" in text
     assert "| single: tok/s  TTFT p50 ms  TPOT p50 ms | 1P+1D: tok/s  TTFT p50 ms  TPOT p50 ms" in text
     assert "assumption: KV over the GPU link (H200: 450 GB/s" in text and "not measured" in text
+    assert "tok/s for both: concurrency x output / (TTFT + (output - 1) x TPOT), from the medians" in text
     assert main([*args, "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     (pd,) = report["pd"]

@@ -19,6 +19,7 @@ _DELEGATED: dict[str, str] = {
     "convert": "autotune.bench.trace.command:main",
     "sim-serve": "autotune.sim.command:serve_main",
     "estimate": "autotune.sim.command:estimate_main",
+    "router": "autotune.engine.router:main",
     "daemon": "autotune.daemon.command:daemon_main",
     "submit": "autotune.daemon.command:submit_main",
     "status": "autotune.daemon.command:status_main",

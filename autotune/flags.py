@@ -51,6 +51,17 @@ def flags_to_mapping(flags: Sequence[str]) -> dict[str, Any]:
     return out
 
 
+def parallel_size(mapping: Mapping[str, Any]) -> int:
+    """TP x PP x DP of one engine instance (flags_to_mapping's form; a missing or bad size counts as 1)."""
+    n = 1
+    for key in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):
+        try:
+            n *= max(int(mapping.get(key) or 1), 1)
+        except (TypeError, ValueError):
+            pass
+    return n
+
+
 def flag_names(flags: Sequence[str]) -> list[str]:
     """The `--long-option` names in a flag list (values dropped), for checking against `--help`."""
     return [f.split("=", 1)[0] for f in flags if f.startswith("--")]

@@ -55,9 +55,13 @@ class ServerLimits:
 
     @classmethod
     def from_flags(cls, flags: Sequence[str], kv_tokens: int | None) -> "ServerLimits":
-        """From the launch's flags and the KV-cache size the server logged (per engine, as vLLM logs it)."""
+        """From the launch's flags and the KV-cache size the server logged (per engine, as vLLM logs it).
+        A PD split (pdlayout.py) batches its streams on its decode instances: each one's limits, times them."""
+        from autotune.pdlayout import instances_of, layout_of
+
         m = flags_to_mapping(flags)
-        dp = _positive(m.get("data_parallel_size")) or 1
+        layout = layout_of(m) if instances_of(m) > 1 else None
+        dp = (_positive(m.get("data_parallel_size")) or 1) * (layout.decode if layout is not None else 1)
         seqs = _positive(m.get("max_num_seqs"))
         return cls(seqs * dp if seqs else None, kv_tokens * dp if kv_tokens else None)
 

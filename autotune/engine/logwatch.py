@@ -12,37 +12,42 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Sequence
 
 from autotune.engine.logparse import jit_compiles
 
 
 class JitWatch:
-    """A capacity search's step watch (bench/capacity.StepWatch) over one server log."""
+    """A capacity search's step watch (bench/capacity.StepWatch) over a server's log, and `more` logs of
+    the same candidate (a PD deployment's instances, engine/deployment.py: any of them may compile)."""
 
-    def __init__(self, log_path: str | Path) -> None:
-        self.path = Path(log_path)
-        self.offset = self._size()
+    def __init__(self, log_path: str | Path, more: Sequence[str | Path] = ()) -> None:
+        self.paths = [Path(log_path), *(Path(p) for p in more)]
+        self.offsets = [self._size(p) for p in self.paths]
 
-    def _size(self) -> int:
+    @staticmethod
+    def _size(path: Path) -> int:
         try:
-            return os.path.getsize(self.path)
+            return os.path.getsize(path)
         except OSError:
             return 0
 
     def begin(self) -> None:
-        """Mark the start of a step: what the log holds so far is not the step's."""
-        self.offset = self._size()
+        """Mark the start of a step: what the logs hold so far is not the step's."""
+        self.offsets = [self._size(p) for p in self.paths]
 
     def disturbed(self) -> str | None:
         """Why the step since `begin()` did not measure the configuration alone, or None. The caller
         lets the server finish the step first (a cut-short step's requests still run, and vLLM writes
         its warning after the compile, not before)."""
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self.offset)
-                text = f.read().decode("utf-8", errors="replace")
-        except OSError:
-            return None
+        text = ""
+        for path, offset in zip(self.paths, self.offsets):
+            try:
+                with open(path, "rb") as f:
+                    f.seek(offset)
+                    text += f.read().decode("utf-8", errors="replace") + "\n"
+            except OSError:
+                continue
         names = list(dict.fromkeys(jit_compiles(text)))
         if not names:
             return None

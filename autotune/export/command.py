@@ -12,6 +12,7 @@ from autotune.export.choice import exported_trial
 from autotune.export.files import write_folder_atomic, write_text_atomic
 from autotune.export.formats import FORMATS
 from autotune.export.options import ExportContext
+from autotune.pdlayout import split_pd_flags
 from autotune.store.repository import ResultStore
 
 
@@ -38,6 +39,11 @@ def export_command(args: argparse.Namespace) -> int:
     if choice.trial is None:
         sys.stderr.write(f"autotune: {choice.reason}\n")
         return 1
+    layout, _ = split_pd_flags(choice.trial.flags or [])
+    if layout is not None and args.format not in ("command", "json"):
+        raise UserError(f"trial {choice.trial.number} is a prefill/decode split ({layout.label}): --format command "
+                        f"writes its launch and json its record; {args.format} describes one server (choose "
+                        "another trial with --trial)")
     engine_cmd = None
     if getattr(args, "engine_cmd", None):
         try:

@@ -12,7 +12,8 @@ from typing import Any, Mapping, Sequence
 
 import yaml
 
-from autotune.flags import flags_to_mapping
+from autotune.flags import flags_to_mapping, parallel_size
+from autotune.pdlayout import KV_TRANSFER_FLAG, PDLayout, split_pd_flags
 from autotune.redact import REDACTED, SECRET_FLAGS
 from autotune.report.provenance import provenance_lines
 from autotune.store.models import StudyRecord, TrialRecord
@@ -102,11 +103,36 @@ def serve_command(study: StudyRecord, trial: TrialRecord, verdict: Sequence[str]
         cmd.append(study.model)
     else:
         cmd += ["--model", study.model]
-    cmd += _without_secrets([*study.fixed_flags, *trial.flags])
-    text = " ".join([*(f"{k}={shlex.quote(v)}" for k, v in knob_env(trial).items()), *(shlex.quote(c) for c in cmd)])
+    layout, flags = split_pd_flags(_without_secrets([*study.fixed_flags, *trial.flags]))
+    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in knob_env(trial).items())
+    if layout is None:
+        text = " ".join([*([env] if env else []), *(shlex.quote(c) for c in [*cmd, *flags])])
+    else:
+        text = pd_commands(layout, [*cmd, *flags], env)
     note = f"# {quality_warning(quality)}\n" if quality else ""
     note += "".join(f"# {line}\n" for line in provenance_lines(study, trial))
     return "".join(f"# {line}\n" for line in verdict) + note + _secret_note(study, trial) + text + "\n"
+
+
+def pd_commands(layout: PDLayout, cmd: list[str], env: str, first_gpu: int = 0, port: int = 8000) -> str:
+    """A PD split as the shell lines that start it on one host, as autotune launched it: each instance on
+    its own GPUs and ports with the KV connector's config, then the router in front (engine/deployment.py).
+    GPU indices and ports are examples (the trial's came from its lease)."""
+    per = parallel_size(flags_to_mapping(cmd))
+    roles = [("prefill", i) for i in range(layout.prefill)] + [("decode", i) for i in range(layout.decode)]
+    lines = [f"# prefill/decode split {layout.label}: {layout.instances} instances of {per} GPU(s), then the "
+             "router (autotune router; vLLM's disaggregated proxy speaks the same protocol)"]
+    urls: dict[str, list[str]] = {"prefill": [], "decode": []}
+    for k, (role, i) in enumerate(roles):
+        gpus = ",".join(str(first_gpu + k * per + j) for j in range(per))
+        inst_port = port + 100 * (1 if role == "prefill" else 2) + i
+        urls[role].append(f"http://127.0.0.1:{inst_port}")
+        argv = [*cmd, "--port", str(inst_port), KV_TRANSFER_FLAG, layout.kv_transfer_config()]
+        lines.append(" ".join([f"CUDA_VISIBLE_DEVICES={gpus}", f"VLLM_NIXL_SIDE_CHANNEL_PORT={5600 + k * per}",
+                               *([env] if env else []), *(shlex.quote(c) for c in argv), "&"]))
+    lines.append(" ".join(["autotune", "router", "--port", str(port), "--prefill", *urls["prefill"],
+                           "--decode", *urls["decode"]]))
+    return "\n".join(lines)
 
 
 def _without_secrets(flags: list[str]) -> list[str]:

@@ -89,6 +89,8 @@ def add_vllm_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--optimization-level", "-O", type=int, choices=(0, 1, 2, 3), default=2)
     g.add_argument("--performance-mode", choices=("balanced", "interactivity", "throughput"), default="balanced")
     g.add_argument("--num-gpu-blocks-override", type=int)
+    # disaggregated prefill/decode: the KV connector (sim/server.py plays its side of kv_transfer_params)
+    g.add_argument("--kv-transfer-config", type=_json_object, default=None)
     g.add_argument("--seed-vllm", dest="vllm_seed", type=int, help=argparse.SUPPRESS)
     # multimodal: what an image costs (perfmodel/vision.py) and what the server accepts
     g.add_argument("--limit-mm-per-prompt", type=_json_object, default=None)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from autotune.errors import UserError
+from autotune.pdlayout import split_pd_flags
 from autotune.perfmodel.config import EngineConfig, parse_vllm_flags, resolve
 from autotune.perfmodel.gpus import GPU, find_gpu, get_gpu
 from autotune.perfmodel.memory import MemoryBudget, memory_budget
@@ -52,6 +53,7 @@ def predict_launch(model: str, flags: Sequence[str], gpu: str | None, num_gpus: 
     if find_gpu(gpu) is None or find_profile(model) is None:
         return None
     try:
+        _, flags = split_pd_flags(flags)   # a PD layout: each instance is this launch on its own GPUs
         p = plan(model, flags, gpu or "", max(num_gpus, 1))
     except UserError:
         return None

@@ -49,6 +49,8 @@ def _own_options(p: argparse.ArgumentParser, serve: bool) -> None:
         g.add_argument("--input-len", type=int, default=1024)
         g.add_argument("--output-len", type=int, default=256)
         g.add_argument("--no-curve", action="store_true", help="skip the simulated throughput-latency curve")
+        g.add_argument("--pd", action="append", default=[], metavar="SPLIT",
+                       help="also predict a prefill/decode split, e.g. 1p1d, 2p1d or 1p2d (repeatable)")
         g.add_argument("--image-size", help="a VLM: requests carry images of WIDTHxHEIGHT (e.g. 1024x768)")
         g.add_argument("--images", type=int, default=1, help="images per image request (with --image-size)")
         g.add_argument("--image-share", type=float, default=1.0,
@@ -118,7 +120,8 @@ async def _serve(ns: argparse.Namespace, plan: Plan, name: str, log: object) -> 
 
     from autotune.sim.server import SimServer
 
-    server = SimServer(plan, name, ns.time_scale, ns.seed, ns.noise, ns.max_events_per_s)
+    server = SimServer(plan, name, ns.time_scale, ns.seed, ns.noise, ns.max_events_per_s,
+                       kv_transfer=ns.kv_transfer_config, engine_id=f"sim-{ns.port}")
     # shutdown_timeout: requests still waiting in the (now stopped) scheduler would hold a graceful
     # shutdown for aiohttp's default 60 s; a stopped server should be gone in a moment, as when the
     # tuner that started it dies (its parent-death SIGTERM) and nobody follows up with SIGKILL
@@ -168,6 +171,7 @@ def _image_mix(ns: argparse.Namespace, plan: Plan) -> "ImageMix | None":
 
 def estimate_main(argv: list[str]) -> int:
     from autotune.sim.estimate import estimate_report, render_text
+    from autotune.sim.split import parse_layout
 
     try:
         ns, plan, _ = _parse(argv, serve=False)
@@ -176,10 +180,11 @@ def estimate_main(argv: list[str]) -> int:
         return 2
     try:
         images = _image_mix(ns, plan)
+        splits = [parse_layout(text) for text in ns.pd]
     except UserError as e:
         sys.stderr.write(f"autotune estimate: error: {e}\n")
         return 2
-    report = estimate_report(plan, ns.input_len, ns.output_len, curve=not ns.no_curve, images=images)
+    report = estimate_report(plan, ns.input_len, ns.output_len, curve=not ns.no_curve, images=images, pd=splits)
     if ns.json:
         sys.stdout.write(json.dumps(report, indent=None) + "\n")
     else:

@@ -4,12 +4,14 @@ the in-process simulator (closed loop at rising concurrency)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 from autotune.perfmodel.memory import GiB, encoder_profile, max_tokens_per_image, vision_weight_bytes
 from autotune.perfmodel.predict import Plan
 from autotune.perfmodel.roofline import StepModel
+from autotune.pdlayout import PDLayout
 from autotune.sim.inprocess import ImageMix, run
+from autotune.sim.split import render_split, split_report
 
 
 def vision_report(plan: Plan, images: ImageMix | None) -> dict[str, Any] | None:
@@ -39,7 +41,9 @@ def vision_report(plan: Plan, images: ImageMix | None) -> dict[str, Any] | None:
 
 
 def estimate_report(plan: Plan, input_len: int, output_len: int, curve: bool = True,
-                    images: ImageMix | None = None) -> dict[str, Any]:
+                    images: ImageMix | None = None, pd: Sequence[PDLayout] = ()) -> dict[str, Any]:
+    """Everything `estimate` says, as one JSON-able mapping; `pd`: prefill/decode splits to predict
+    beside this single instance (sim/split.py)."""
     b, cfg = plan.budget, plan.config
     out: dict[str, Any] = {
         "simulated": True, "gpu": plan.gpu.name, "num_gpus": plan.num_gpus, "model_profile": plan.profile.name,
@@ -91,6 +95,8 @@ def estimate_report(plan: Plan, input_len: int, output_len: int, curve: bool = T
             if r.oom:
                 break
         out["curve"] = points
+    if pd:
+        out["pd"] = [split_report(plan, layout, input_len, output_len) for layout in pd]
     return out
 
 
@@ -135,6 +141,8 @@ def render_text(r: dict[str, Any]) -> str:
                          + (f"  {p.get('p99_ttft_ms_image', float('nan')):>10.0f} / {p.get('p99_ttft_ms_text', float('nan')):.0f}"
                             if split else "")
                          + ("  runtime OOM" if p["runtime_oom"] else ""))
+    for pd in r.get("pd", []):
+        lines += render_split(pd, r["roofline"]["input_len"])
     if r["calibrated_fields"]:
         lines.append(f"note: profile fields calibrated to article figures: {', '.join(r['calibrated_fields'])}")
     return "\n".join(lines) + "\n"

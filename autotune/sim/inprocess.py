@@ -83,11 +83,14 @@ def _figures(done: list[SimRequest], duration: float) -> dict[str, float]:
 
 def run(plan: Plan, *, num_requests: int, input_len: int, output_len: int, concurrency: int | None = None,
         request_rate: float | None = None, seed: int = 0, noise: float = 0.0, warmup: int = 0,
-        shared_prefix: int = 0, range_ratio: float = 0.0, images: ImageMix | None = None) -> SimResult:
+        shared_prefix: int = 0, range_ratio: float = 0.0, images: ImageMix | None = None,
+        prefilled: bool = False) -> SimResult:
     """Closed loop at `concurrency` (a new request as soon as one finishes), or Poisson arrivals at
     `request_rate` req/s. The first `warmup` completions are left out of the metrics. Lengths are
     drawn uniformly within +-range_ratio of input_len/output_len (vllm bench's --random-range-ratio);
-    `images` adds image tokens and encoder work to a share of the requests (on a VLM profile)."""
+    `images` adds image tokens and encoder work to a share of the requests (on a VLM profile);
+    `prefilled`: every prompt's KV arrives from a prefill instance (the decode side of a PD split), so
+    only its last token is computed here."""
     if concurrency is None and request_rate is None:
         raise ValueError("give concurrency or request_rate")
     sched = Scheduler(plan, seed=seed, noise=noise)
@@ -113,7 +116,8 @@ def run(plan: Plan, *, num_requests: int, input_len: int, output_len: int, concu
             n_in += image_tokens
             work = {"encoder_tokens": sum(vision.placeholders(w, h, kwargs) for w, h in sizes),
                     "encoder_flops": sum(vision.flops(vision.patches(w, h, kwargs)) for w, h in sizes)}
-        return SimRequest(f"r{made}", n_in, n_out, t, prompt_block_hashes(tokens, plan.config.block_size), **work)
+        return SimRequest(f"r{made}", n_in, n_out, t, prompt_block_hashes(tokens, plan.config.block_size), **work,
+                          remote_cached=n_in - 1 if prefilled else 0)
 
     arrivals: list[tuple[float, int]] = []
     now = 0.0

@@ -49,6 +49,7 @@ class SimRequest:
     encoder_tokens: int = 0        # image tokens of the prompt (the encoder budget counts these)
     encoder_flops: float = 0.0     # the vision encoder's work for the request's images
     encoded: bool = False
+    remote_cached: int = 0         # prompt tokens whose KV a prefill instance handed over (PD decode side)
 
     @property
     def total_len(self) -> int:
@@ -174,6 +175,7 @@ class Scheduler:
         self._free(victim)
         victim.num_computed = 0
         victim.encoded = False          # recomputed from scratch: its images are encoded again
+        victim.remote_cached = 0        # the handed-over KV went with its blocks: recomputed here
         victim.preemptions += 1
         self.preemptions += 1
         self.waiting.appendleft(victim)
@@ -216,7 +218,7 @@ class Scheduler:
                     break               # this step's encoder budget is spent: the images wait for the next
                 encoder_left -= req.encoder_tokens
             if req.num_computed == 0:
-                cached = self._lookup(req)
+                cached = max(self._lookup(req), req.remote_cached)
             else:
                 cached = req.num_computed
             remaining = req.total_len - cached

@@ -40,6 +40,8 @@ class _Live:
     pending: list[float] = field(default_factory=list)
     sent: int = 0
     last_flush: float = 0.0
+    offset: float = 0.0        # simulated seconds before this instance saw it (PD: prefill elsewhere + transfer)
+    handoff: bool = False      # PD prefill side: answer with the kv_transfer_params a decode instance needs
 
 
 def encoder_work(rules: ImageRules, sizes: list[tuple[int, int]]) -> dict[str, Any]:
@@ -53,8 +55,11 @@ def encoder_work(rules: ImageRules, sizes: list[tuple[int, int]]) -> dict[str, A
 
 class SimServer:
     def __init__(self, plan: Plan, served_name: str, time_scale: float = 1.0, seed: int = 0,
-                 noise: float = 0.0, max_events_per_s: float = 3000.0):
+                 noise: float = 0.0, max_events_per_s: float = 3000.0,
+                 kv_transfer: dict[str, Any] | None = None, engine_id: str = "sim"):
         self.plan = plan
+        self.kv_transfer = kv_transfer      # --kv-transfer-config: plays NixlConnector's kv_transfer_params
+        self.engine_id = engine_id
         self.name = served_name
         self.scale = time_scale
         self.seed = seed
@@ -177,7 +182,7 @@ class SimServer:
                                     "running streams: coalescing tokens into chunks (each chunk carries its "
                                     "tokens' simulated times in autotune_sim.token_times_s; see "
                                     "autotune_sim_coalesced_chunks_total)", self.scale, len(self.sched.running))
-                lv.queue.put_nowait((lv.sent, [t - req.arrival for t in tokens], last))
+                lv.queue.put_nowait((lv.sent, [t - req.arrival + lv.offset for t in tokens], last))
 
     def _die(self, message: str) -> None:
         self.died = message
@@ -240,19 +245,25 @@ class SimServer:
     async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
         arrival = self._arrival()
         try:
-            parsed = parse_request(await request.json(), chat, self.plan.config.max_model_len, self.image_rules)
+            body = await request.json()
+            parsed = parse_request(body, chat, self.plan.config.max_model_len, self.image_rules)
         except (BadRequest, json.JSONDecodeError, UnicodeDecodeError) as e:
             return web.json_response(error_body(str(e)), status=400)
         if parsed.model and parsed.model != self.name:
             return web.json_response(error_body(f"The model `{parsed.model}` does not exist.", 404), status=404)
         rid = f"{'chatcmpl' if chat else 'cmpl'}-sim{next(self.ids)}"
-        sim = SimRequest(rid, len(parsed.prompt_tokens), parsed.max_tokens, arrival,
+        handoff, remote, offset = self._kv_params(body.get("kv_transfer_params"), len(parsed.prompt_tokens))
+        sim = SimRequest(rid, len(parsed.prompt_tokens), parsed.max_tokens, arrival + offset,
                          prompt_block_hashes(parsed.prompt_tokens, self.plan.config.block_size),
-                         **encoder_work(self.image_rules, parsed.images))
-        lv = _Live(sim, parsed)
+                         **encoder_work(self.image_rules, parsed.images), remote_cached=remote)
+        lv = _Live(sim, parsed, handoff=handoff)
+        if remote:   # the client's clock started at the prefill instance: its prefill counts too
+            prefill_s = float((body["kv_transfer_params"].get("autotune_sim") or {}).get("prefill_s", 0.0))
+            lv.offset = offset + prefill_s
+            arrival -= prefill_s
         sim.on_token = lambda r, t, lv=lv: lv.pending.append(t)
         self.live[rid] = lv
-        self.arrivals.append((arrival, lv))
+        self.arrivals.append((sim.arrival, lv))
         self.wake.set()
         writer = ChunkWriter(rid, self.name, parsed)
         try:
@@ -282,11 +293,40 @@ class SimServer:
             self.live.pop(rid, None)
 
     async def _whole(self, lv: _Live, writer: ChunkWriter) -> web.Response:
+        first: float | None = None
         while True:
             item = await lv.queue.get()
             if item is None:
                 return web.json_response(error_body("engine died", 500), status=500)
-            sent, _, last = item
+            sent, times, last = item
+            first = times[0] if first is None and times else first
             if last:
                 text = "".join(token_text(i, self.seed) for i in range(sent))
-                return web.json_response(writer.whole(text, sent))
+                out = writer.whole(text, sent)
+                if lv.handoff:
+                    out["kv_transfer_params"] = self._handoff(lv, first or 0.0)
+                return web.json_response(out)
+
+    # ---- disaggregated prefill/decode: NixlConnector's side of the protocol -----------------------
+    def _kv_params(self, params: Any, prompt_len: int) -> tuple[bool, int, float]:
+        """(answer with a hand-off, prompt tokens whose KV arrives from elsewhere, simulated seconds until
+        it has arrived) for a request's `kv_transfer_params`. Without --kv-transfer-config they are
+        ignored, as vLLM ignores them without a connector."""
+        if not self.kv_transfer or not isinstance(params, dict):
+            return False, 0, 0.0
+        if params.get("do_remote_decode"):
+            return True, 0, 0.0
+        if params.get("do_remote_prefill") and prompt_len > 1:
+            from autotune.perfmodel.disagg import transfer
+
+            moved = transfer(self.plan, prompt_len, str(self.kv_transfer.get("kv_buffer_device", "cuda")))
+            return False, prompt_len - 1, moved.seconds   # the last prompt token is computed here, as vLLM does
+        return False, 0, 0.0
+
+    def _handoff(self, lv: _Live, prefill_s: float) -> dict[str, Any]:
+        """What a prefill instance answers for the decode instance (NixlConnector's field names); the
+        simulated prefill time rides along so that the decode instance's token times count it."""
+        return {"do_remote_prefill": True, "do_remote_decode": False, "remote_engine_id": self.engine_id,
+                "remote_block_ids": list(range(-(-lv.sim.prompt_len // self.plan.config.block_size))),
+                "remote_host": "127.0.0.1", "remote_port": 0, "tp_size": self.plan.config.tp,
+                "autotune_sim": {"prefill_s": round(prefill_s, 6)}}

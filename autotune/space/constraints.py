@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from typing import Any, Mapping
 
+from autotune.pdlayout import instances_of
+
 # vLLM's v1 engine (every version since 0.11) refuses concurrent partial prefill at startup
 # ("NotImplementedError: Concurrent Partial Prefill is not supported", reported on 0.23 and 0.24); the
 # flags were removed in 0.27. A value above 1 can only cost a launch.
@@ -44,8 +46,11 @@ def violations(effective: Mapping[str, Any], num_gpus: int, model_max_len: int |
     tp = _int(effective.get("tensor_parallel_size")) or 1
     pp = _int(effective.get("pipeline_parallel_size")) or 1
     dp = _int(effective.get("data_parallel_size")) or 1
-    if tp * pp * dp > max(num_gpus, 1):
-        out.append(f"TP x PP x DP = {tp}x{pp}x{dp} = {tp * pp * dp} GPUs > {max(num_gpus, 1)} given")
+    instances = instances_of(effective)
+    if tp * pp * dp * instances > max(num_gpus, 1):
+        each = f"{instances} instances x " if instances > 1 else ""
+        out.append(f"{each}TP x PP x DP = {each}{tp}x{pp}x{dp} = {tp * pp * dp * instances} GPUs > "
+                   f"{max(num_gpus, 1)} given")
     if effective.get("enable_expert_parallel") is True and tp * dp == 1:
         out.append("expert parallelism needs TP x DP > 1")
     out += _scheduler_knobs(effective, chunked)

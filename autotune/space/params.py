@@ -231,9 +231,12 @@ class ParamSpec:
         return ParamSpec(**{**self.__dict__, "choices": tuple(kept), "values": kept})
 
     def gpus_needed(self, value: Any) -> int:
-        """GPUs a composite choice asks for (TP x PP x DP); 1 for anything else."""
+        """GPUs a composite choice asks for (TP x PP x DP, times its instances for a PD layout); 1 for
+        anything else."""
+        from autotune.pdlayout import instances_of
+
         layout = self.layouts.get(value, {}) if self.layouts else {}
-        n = 1
+        n = instances_of(layout)
         for key in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):
             n *= int(layout.get(key, 1))
         return n

@@ -23,6 +23,7 @@ import yaml
 from autotune.errors import UserError
 from autotune.space.constraints import needs_fixed, notes, violations
 from autotune.flags import flags_to_mapping, mapping_to_flags, with_env
+from autotune.pdlayout import KV_TRANSFER_FLAG, is_pd_flag
 from autotune.space.params import ParamSpec
 
 SPACES_DIR = Path(__file__).resolve().parents[2] / "search_spaces"
@@ -126,7 +127,14 @@ class SearchSpace:
     def supported(self, unknown: Callable[[Sequence[str]], Sequence[str]]) -> tuple["SearchSpace", list[str]]:
         """The space without the flags this engine lacks, and one notice line per knob (or composite
         choice) dropped. `unknown` is the engine's `--help` check (engine.unknown_flags). Environment
-        knobs are not flags and are kept; a conditional knob whose parent went goes with it."""
+        knobs are not flags and are kept; a conditional knob whose parent went goes with it. PD layout
+        flags (`--pd-*`, pdlayout.py) are autotune's own: what the engine must know for them is
+        `--kv-transfer-config`, which every instance of a split gets."""
+        engine_unknown = unknown
+
+        def unknown(flags: Sequence[str]) -> Sequence[str]:
+            return engine_unknown(list(dict.fromkeys(KV_TRANSFER_FLAG if is_pd_flag(f) else f for f in flags)))
+
         keep: dict[str, ParamSpec] = {}
         notices: list[str] = []
         for p in self.params.values():
@@ -255,7 +263,9 @@ class SearchSpace:
                 continue
             if p.layouts:
                 for layout in p.layouts.values():
-                    out += [f for f in mapping_to_flags(layout) if f.startswith("--")]
+                    out += [f for f in mapping_to_flags(layout) if f.startswith("--") and not is_pd_flag(f)]
+                continue
+            if is_pd_flag(p.flag):
                 continue
             out.append(p.flag)
             if p.kind == "bool":

@@ -108,15 +108,13 @@ def log_dir_for(spec: StudySpec) -> Path:
 
 
 def layout_gpus(flags: Sequence[str]) -> int:
-    """TP x PP x DP of a launch (fixed flags and the candidate's, later ones win)."""
-    m = flags_to_mapping(flags)
+    """TP x PP x DP of a launch (fixed flags and the candidate's, later ones win), times its engine
+    instances for a PD layout (pdlayout.py)."""
+    from autotune.flags import parallel_size
+    from autotune.pdlayout import instances_of
 
-    def num(key: str) -> int:
-        try:
-            return max(int(m.get(key) or 1), 1)
-        except (TypeError, ValueError):
-            return 1
-    return num("tensor_parallel_size") * num("pipeline_parallel_size") * num("data_parallel_size")
+    m = flags_to_mapping(flags)
+    return parallel_size(m) * instances_of(m)
 
 
 class StudyDriver:

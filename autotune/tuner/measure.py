@@ -77,6 +77,7 @@ class MeasureRequest(BaseModel):
     claim: float | None = None
     early_stop: EarlyStopRequest | None = None
     log_path: str                # the server's log, for the JIT watch (engine/logwatch.py)
+    more_logs: list[str] = []    # a PD deployment's instance logs, watched too
     limits: dict[str, int | None] | None = None   # bench.step_bounds.ServerLimits: what bounds a step's growth
     telemetry: TelemetryRequest
 
@@ -305,7 +306,7 @@ class _Run:
             tokenizer=req.tokenizer, on_step=on_step, min_waves=load.min_waves, min_step_s=load.min_step_s,
             max_bracket=load.max_bracket, refine_steps=load.refine_steps, stall_timeout_s=load.stall_timeout_s,
             api_key=req.api_key, should_stop=self.should_stop(stopper),
-            step_watch=_Watch(JitWatch(req.log_path), self), check=req.claim, hint=hint,
+            step_watch=_Watch(JitWatch(req.log_path, req.more_logs), self), check=req.claim, hint=hint,
             limits=ServerLimits(**req.limits) if req.limits is not None else None))
         if self.cut:                    # stopped between steps: an unfinished search is no measurement
             raise Interrupted(self.stop_reason or "stop")

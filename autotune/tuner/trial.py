@@ -26,6 +26,7 @@ from autotune.bench.capacity import capacity_tps
 from autotune.bench.client import STALLED
 from autotune.bench.results import Measurement
 from autotune.engine.base import Engine, EngineFailure, LaunchRequest, Server, StartupInfo
+from autotune.engine.deployment import launch as launch_server, members_of, startup_log
 from autotune.bench.step_bounds import ServerLimits
 from autotune.engine.logparse import logged_kv_tokens, port_in_use
 from autotune.engine.process import find_free_port, write_log_header
@@ -173,8 +174,9 @@ class TrialRunner:
                                 cores=launch.cores)
         worker = Worker(TARGET, cores=launch.client_cores).start()   # boots while the server starts
         try:
-            server = self.engine.launch(request)
-            record_id = self._register(server, port)
+            server = launch_server(self.engine, request)   # one server, or a PD deployment (engine/deployment.py)
+            members = members_of(server, port, launch.gpus)
+            record_ids = [self._register(m.server, m.port) for m in members]
             outcome: TrialOutcome | None = None
             try:
                 with interruptible():
@@ -184,10 +186,13 @@ class TrialRunner:
                 phase("stopping server")
                 worker.close()
                 server.stop()
-                self.store.forget_process(record_id)
+                for record_id in record_ids:
+                    self.store.forget_process(record_id)
                 if outcome is None or not (outcome.startup is None and port_in_use(outcome.log_tail or "")):
-                    self.engine.release_wait(port, launch.gpus)   # (a port someone else holds is never released)
-                self.redactor.file(launch.log_path)
+                    for m in members:   # (a port someone else holds is never released)
+                        self.engine.release_wait(m.port, m.gpus)
+                for m in members:
+                    self.redactor.file(m.server.log_path)
         finally:
             worker.close()
 
@@ -276,7 +281,8 @@ class TrialRunner:
             url=server.url, model=self.spec.model, workload=dict(self.spec.workload), slo=self.spec.slo,
             load=self.spec.load.model_dump(), seed=launch.seed, tokenizer=self.tokenizer, api_key=self.api_key,
             hint=launch.hint, claim=launch.claim, early_stop=early, log_path=str(launch.log_path),
-            limits=asdict(ServerLimits.from_flags(launch.flags, logged_kv_tokens(launch.log_path))),
+            more_logs=[str(m.server.log_path) for m in members_of(server, 0, ()) if m.server.log_path != launch.log_path],
+            limits=asdict(ServerLimits.from_flags(launch.flags, logged_kv_tokens(startup_log(server)))),
             telemetry=TelemetryRequest(source=self.telemetry.name, hz=self.spec.telemetry.hz,
                                        server_pid=server.pid, gpus=list(launch.gpus), server_url=server.url))
 

@@ -171,6 +171,7 @@ def twin_predictor(model: str, gpu: str | None, num_gpus: int, fixed_flags: Sequ
     """The in-process twin as a predictor of one candidate's capacity, or None where it does not apply
     (unknown model or GPU, or a workload without fixed lengths)."""
     from autotune.errors import UserError
+    from autotune.pdlayout import split_pd_flags
     from autotune.perfmodel import find_gpu, find_profile, plan
     from autotune.bench.workloads import parse_workload
     from autotune.sim.capacity import at_capacity, capacity_curve
@@ -186,8 +187,13 @@ def twin_predictor(model: str, gpu: str | None, num_gpus: int, fixed_flags: Sequ
         output_len = int(workload.get("output_len", 128))
 
     def predict(params: Mapping[str, Any]) -> dict[str, float] | None:
+        flags = [*fixed_flags, *space.render(params)]
+        if split_pd_flags(flags)[0] is not None:
+            # no prediction for a PD split: the capacity curve is one instance's, and the split's own model
+            # (sim/split.py, `estimate --pd`) gives medians only, not the SLO's percentiles
+            return None
         try:
-            p = plan(model, [*fixed_flags, *space.render(params)], gpu or "", max(num_gpus, 1))
+            p = plan(model, flags, gpu or "", max(num_gpus, 1))
         except UserError:
             return None
         if not p.budget.fits:

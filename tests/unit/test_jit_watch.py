@@ -147,3 +147,16 @@ def test_the_result_names_the_steps_whose_client_fell_behind(monkeypatch):
                                            refine_steps=0))
     assert [s.load for s in r.steps] == [1.0, 4.0] and r.flags == ["client_saturated"]
     assert "client saturated at load 1 (event-loop lag p99 37.0 ms > 20 ms): those steps' latencies" in r.note
+
+
+def test_a_deployments_instance_logs_are_watched_too(tmp_path):
+    """A PD split's router log says nothing of kernels; its instances' logs do (engine/deployment.py)."""
+    router, decode = tmp_path / "trial-0001.log", tmp_path / "trial-0001.decode-0.log"
+    router.write_text("INFO router: Starting router on http://127.0.0.1:8000\n")
+    before, _, step16 = _steps(MOE)
+    decode.write_text(before)
+    watch = JitWatch(router, [decode, tmp_path / "trial-0001.prefill-0.log"])   # (one not written yet)
+    watch.begin()
+    with open(decode, "a") as f:
+        f.write(step16)
+    assert watch.disturbed() == "the server JIT-compiled fused_moe_kernel during the step"

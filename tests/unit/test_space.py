@@ -110,7 +110,8 @@ def test_shipped_spaces_load():
 def test_composite_layouts_never_ask_for_more_gpus_than_given():
     space = SearchSpace.load("default")
     four = space.narrowed(4, False).params["parallel_layout"]
-    assert set(four.choices) == {"tp1", "tp2", "dp2", "tp4", "tp2-dp2", "tp2-ep", "tp4-ep"}
+    assert set(four.choices) == {"tp1", "tp2", "dp2", "tp4", "tp2-dp2", "tp2-ep", "tp4-ep",
+                                 "1p1d", "1p2d", "2p1d", "1p1d-tp2"}   # PD splits: (P + D) x TP GPUs
     assert "parallel_layout" not in space.narrowed(1, False).params
     moe = SearchSpace.load("sim-moe").narrowed(8, False)
     assert moe.render({"parallel_layout": "tp4-dp2-ep"}) == [

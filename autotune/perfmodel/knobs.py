@@ -51,6 +51,11 @@ MODELLED: dict[str, str] = {
 
 # knob -> why the twin cannot say what it does (its effect is left to measurement)
 UNMODELLED: dict[str, str] = {
+    # prefill/decode splits: `estimate --pd` and the simulator's instances model them (perfmodel/disagg.py),
+    # but the warm start's one-server prediction does not, so it ranks no split
+    "pd_prefill": "a split's prefill instances: estimate --pd models them; the warm start's ranking does not",
+    "pd_decode": "a split's decode instances: estimate --pd models them; the warm start's ranking does not",
+    "pd_kv_buffer_device": "where the connector stages the KV it moves (host copies in estimate --pd only)",
     "stream_interval": "host-side streaming overhead and token arrival in chunks are not in the twin",
     "performance_mode": "kernel choices per mode are not in the twin (only its doubled defaults are)",
     "attention_backend": "per-backend kernel speed is not in the twin",

@@ -40,7 +40,7 @@ from autotune.node.interrupts import current_gate, interruptible
 from autotune.node.heartbeat import process_create_time
 from autotune.node.pool import format_cpulist, host_name
 from autotune.node.worker import Worker, WorkerDied
-from autotune.tuner.measure import TARGET, EarlyStopRequest, MeasureRequest, Measured, TelemetryRequest, measure
+from autotune.tuner.measure import TARGET, EarlyStopRequest, MeasureRequest, TelemetryRequest, measure
 
 if TYPE_CHECKING:
     from autotune.node.pool import Lease

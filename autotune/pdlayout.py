@@ -105,6 +105,13 @@ def split_pd_flags(flags: Sequence[str]) -> tuple[PDLayout | None, list[str]]:
     return layout_of(flags_to_mapping(mine)), rest
 
 
+def gpus_of(mapping: Mapping[str, Any]) -> int:
+    """GPUs a launch takes: TP x PP x DP of one engine instance times its instances (PD layouts)."""
+    from autotune.flags import parallel_size
+
+    return parallel_size(mapping) * instances_of(mapping)
+
+
 def instances_of(mapping: Mapping[str, Any]) -> int:
     """Engine instances a flag mapping launches: prefill + decode for a PD layout, else 1. Multiplied by
     TP x PP x DP, it is the GPUs a candidate needs. A malformed PD mapping counts as 1 (the launch says why)."""

@@ -233,13 +233,9 @@ class ParamSpec:
     def gpus_needed(self, value: Any) -> int:
         """GPUs a composite choice asks for (TP x PP x DP, times its instances for a PD layout); 1 for
         anything else."""
-        from autotune.pdlayout import instances_of
+        from autotune.pdlayout import gpus_of
 
-        layout = self.layouts.get(value, {}) if self.layouts else {}
-        n = instances_of(layout)
-        for key in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):
-            n *= int(layout.get(key, 1))
-        return n
+        return gpus_of(self.layouts.get(value, {}) if self.layouts else {})
 
 
 def _env_name(where: str, raw: Mapping[str, Any]) -> str:

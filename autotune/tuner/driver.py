@@ -110,11 +110,9 @@ def log_dir_for(spec: StudySpec) -> Path:
 def layout_gpus(flags: Sequence[str]) -> int:
     """TP x PP x DP of a launch (fixed flags and the candidate's, later ones win), times its engine
     instances for a PD layout (pdlayout.py)."""
-    from autotune.flags import parallel_size
-    from autotune.pdlayout import instances_of
+    from autotune.pdlayout import gpus_of
 
-    m = flags_to_mapping(flags)
-    return parallel_size(m) * instances_of(m)
+    return gpus_of(flags_to_mapping(flags))
 
 
 class StudyDriver:

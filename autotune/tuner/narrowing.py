@@ -108,19 +108,13 @@ def limit_from_failure(cause: str | None, detail: str | None, params: Mapping[st
 def gpus_needed(params: Mapping[str, Any], layouts: Mapping[str, Mapping[str, Any]] | None = None) -> int:
     """TP x PP x DP of a candidate (times its instances for a PD layout), from its explicit sizes or its
     composite layout choice."""
-    from autotune.pdlayout import instances_of
+    from autotune.pdlayout import gpus_of
 
     flat = dict(params)
     for value in params.values():
         if layouts and isinstance(value, str) and value in layouts:
             flat.update(layouts[value])
-    n = instances_of(flat)
-    for key in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):
-        try:
-            n *= int(flat.get(key, 1))
-        except (TypeError, ValueError):
-            pass
-    return n
+    return gpus_of(flat)
 
 
 class LearnedLimits:

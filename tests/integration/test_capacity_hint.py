@@ -48,9 +48,11 @@ async def test_a_hint_skips_the_probe_and_finds_the_crossing_in_fewer_steps() ->
     # the search probes from 1 as without a hint (the next test)
     if "client_saturated" not in hinted.flags + plain.flags:
         assert hinted.steps[1].load == 41 and len(hinted.steps) < len(plain.steps)
-        # the same crossing: both brackets end at a broken load above the other's met load
+        # the same crossing: neither search met a load the other broke below. At 40 streams the mock's
+        # TPOT is within 1 % of the bound, so one search may meet 40 and the other break it (seen in a
+        # fresh-clone run beside other work: (34, 40) and (40, 41), the client not flagged)
         assert 28 <= hinted.capacity and 28 <= plain.capacity
-        assert hinted.bracket[1] > plain.capacity and plain.bracket[1] > hinted.capacity
+        assert hinted.bracket[1] >= plain.capacity and plain.bracket[1] >= hinted.capacity
     assert json.loads(json.dumps(hinted.to_json()))["bracket"] == list(hinted.bracket)
 
 

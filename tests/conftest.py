@@ -46,9 +46,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 # With this the CPU build keeps vLLM's one-process executor (it forces the multiprocess one otherwise): the
 # worker runs inside the engine core, so a start imports torch and vLLM in two processes, not three (API
-# server, engine core, worker), ~27 CPU seconds instead of ~40 here. Every study and shared server of the
-# suite runs so (the API server still has its engine core as a child: a tree to stop, a child to wait for);
-# tests/e2e/test_engine_vllm.py keeps vLLM's three processes, since stopping the workers is its subject.
+# server, engine core, worker), ~27 CPU seconds instead of ~40 here. Every study of the suite runs so (the
+# API server still has its engine core as a child: a tree to stop, a child to wait for). The shared servers
+# keep vLLM's three processes: with one, a busy box once got all 16 tokens of a request in one chunk
+# (TTFT = E2EL, test_bench_vllm), and test_engine_vllm's subject is stopping the workers.
 ONE_PROCESS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 
 
@@ -117,7 +118,7 @@ def _shared_server(model: Path, flags: list[str], factory: pytest.TempPathFactor
         pytest.skip("vLLM (CPU build) is not installed in this environment")
     engine = VLLMEngine(vllm_cmd(), cache_dir=factory.mktemp(f"{what}-help-cache"))
     log_path = factory.mktemp(f"{what}-server") / "server.log"
-    server = engine.launch(LaunchRequest(model=str(model), flags=flags, port=find_free_port(), env=ONE_PROCESS,
+    server = engine.launch(LaunchRequest(model=str(model), flags=flags, port=find_free_port(),
                                          log_path=log_path, startup_timeout_s=startup_timeout_s))
     try:
         startup = server.wait_ready()

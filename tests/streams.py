@@ -63,6 +63,7 @@ class Job:
     ended: float = 0.0
     code: int | None = None
     cpu: float = 0.0
+    failures: list[str] = field(default_factory=list)   # pytest's short summary lines (FAILED/ERROR ...)
     relay: threading.Thread | None = field(default=None, repr=False)
 
 
@@ -100,6 +101,8 @@ def fast_jobs(extra: list[str]) -> list[Job]:
 def _relay(job: Job, lock: threading.Lock) -> None:
     assert job.proc is not None and job.proc.stdout is not None
     for line in job.proc.stdout:
+        if line.startswith(("FAILED ", "ERROR ")):
+            job.failures.append(line.rstrip())
         with lock:
             sys.stdout.write(f"[{job.name}] {line}")
             sys.stdout.flush()
@@ -170,6 +173,10 @@ def main(argv: list[str]) -> int:
         print(f"  {job.name:32} {job.started:5.0f}-{job.ended:5.0f} {job.ended - job.started:5.0f} "
               f"{job.cpu:6.0f}  {job.code}")
     failed = [j for j in done if j.code not in (0, 5)]
+    # CI keeps only the tail of what a run printed: each failure's test and first line of its message last
+    for job in failed:
+        for line in job.failures or [f"(no summary line: exit {job.code})"]:
+            print(f"  [{job.name}] {line[:400]}")
     print(f"suite: {len(done)} jobs, {took:.0f} s in all, {sum(j.cpu for j in done):.0f} CPU s; "
           + (f"FAILED: {', '.join(j.name for j in failed)}" if failed else "all passed"))
     return failed[0].code if failed and failed[0].code is not None else 0

@@ -5,6 +5,8 @@ loop's lag (a timer that should fire every 10 ms) and the process's CPU use, and
 from __future__ import annotations
 
 import asyncio
+import gc
+import threading
 import time
 
 import numpy as np
@@ -17,8 +19,47 @@ LAG_P99_LIMIT_MS = 20.0   # tail stalls this long corrupt tail percentiles
 CPU_LIMIT_PCT = 95.0      # of one core: the loop has no idle time left
 
 
+class _FrozenHeap:
+    """Python's cyclic collector stops every thread of the process while it walks the tracked objects,
+    and a measurement worker holds ~380,000 of them (transformers' tokenizer brings torch): one full
+    collection took 180 ms on the quiet two-core machine, a pause the client would stamp on every chunk
+    in flight. During a step the objects that existed before it are moved out of the collector's reach
+    (`gc.freeze`; a full collection then took under 0.1 ms), so a collection walks only what the step
+    allocated; they go back after the last step running in this process ends (steps of several slots
+    may share one process: counted, not nested)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._holders = 0
+
+    def hold(self) -> None:
+        with self._lock:
+            if self._holders == 0:
+                gc.freeze()
+            self._holders += 1
+
+    def release(self) -> None:
+        with self._lock:
+            self._holders -= 1
+            if self._holders == 0:
+                gc.unfreeze()
+
+
+FROZEN = _FrozenHeap()
+
+
+def _cpu_wait_s() -> float | None:
+    """Seconds this thread has waited runnable for a CPU (Linux's schedstat run delay): a loop stall with
+    as much waiting was another process on the client's core, one without was inside the client."""
+    try:
+        with open(f"/proc/self/task/{threading.get_native_id()}/schedstat") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 class LoopMonitor:
-    """Start before the load, stop after; `health()` says what it saw."""
+    """Start before the load, stop after; `health()` says what it saw, the collector's pauses included."""
 
     def __init__(self, period_s: float = 0.01) -> None:
         self.period_s = period_s
@@ -29,6 +70,17 @@ class LoopMonitor:
         self._t0 = 0.0
         self._t1 = 0.0
         self._cpu1 = 0.0
+        self.gc_pauses_ms: list[float] = []
+        self._gc_t0 = 0.0
+        self._wait0: float | None = None
+        self.cpu_wait_ms: float | None = None    # the loop's thread waiting for a CPU during the step
+
+    def _on_gc(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._gc_t0 = time.perf_counter()
+        elif self._gc_t0:
+            self.gc_pauses_ms.append((time.perf_counter() - self._gc_t0) * 1000.0)
+            self._gc_t0 = 0.0
 
     def _cpu(self) -> float:
         t = self._proc.cpu_times()
@@ -41,17 +93,26 @@ class LoopMonitor:
             self.lags_ms.append(max(0.0, (time.perf_counter() - due) * 1000.0))
 
     def start(self) -> None:
+        FROZEN.hold()
+        gc.callbacks.append(self._on_gc)
         self._t0, self._cpu0 = time.perf_counter(), self._cpu()
+        self._wait0 = _cpu_wait_s()
         self._task = asyncio.create_task(self._run())
 
     async def stop(self) -> None:
         self._t1, self._cpu1 = time.perf_counter(), self._cpu()
+        wait1 = _cpu_wait_s()
+        if self._wait0 is not None and wait1 is not None:
+            self.cpu_wait_ms = (wait1 - self._wait0) * 1000.0
         if self._task is not None:
             self._task.cancel()
             try:
                 await self._task
             except asyncio.CancelledError:
                 pass
+            self._task = None
+            gc.callbacks.remove(self._on_gc)
+            FROZEN.release()
 
     def health(self) -> ClientHealth:
         wall = max(1e-9, self._t1 - self._t0)
@@ -67,5 +128,13 @@ class LoopMonitor:
             reasons.append(f"event-loop lag p99 {p99:.1f} ms > {LAG_P99_LIMIT_MS:g} ms")
         if cpu_pct > CPU_LIMIT_PCT:
             reasons.append(f"client CPU {cpu_pct:.0f}% of a core > {CPU_LIMIT_PCT:g}%")
-        return ClientHealth(saturated=bool(reasons), loop_lag_p99_ms=round(p99, 3), cpu_pct=round(cpu_pct, 1),
-                            note="; ".join(reasons) or f"event-loop lag p50 {p50:.2f} ms, p99 {p99:.2f} ms")
+        saturated = bool(reasons)
+        if not reasons:
+            reasons.append(f"event-loop lag p50 {p50:.2f} ms, p99 {p99:.2f} ms")
+        if self.cpu_wait_ms is not None and saturated:
+            reasons.append(f"the loop's thread waited {self.cpu_wait_ms:.0f} ms in all for a CPU")
+        gc_ms = max(self.gc_pauses_ms, default=0.0)
+        if gc_ms >= 1.0:   # what a stall may have been: the collector's pauses stop every thread
+            reasons.append(f"{len(self.gc_pauses_ms)} garbage collection(s), the longest {gc_ms:.0f} ms")
+        return ClientHealth(saturated=saturated, loop_lag_p99_ms=round(p99, 3), cpu_pct=round(cpu_pct, 1),
+                            note="; ".join(reasons))

@@ -9,6 +9,7 @@ signalling the whole group and then waiting until no member is left. Members tha
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -227,16 +228,41 @@ def _created_after(proc: psutil.Process, t: float) -> bool:
         return False
 
 
+LISTEN_LOW = 20000     # the lowest port autotune listens on (below: services' well-known ports)
+
+
+def listen_range() -> tuple[int, int]:
+    """[low, high) of the ports autotune's servers listen on: below the kernel's ephemeral range, which
+    every outgoing connection draws its local port from. Why: a port the OS hands out as free (bind to 0)
+    lies in that range, and between the choice and the server's bind a load client's new connection
+    could take it. Falls back to [20000, 60000) when the ephemeral range leaves no room below it."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    return (LISTEN_LOW, low) if low - LISTEN_LOW >= 4096 else (LISTEN_LOW, 60000)
+
+
 def find_free_port(host: str = "127.0.0.1") -> int:
-    """A port the OS says is free now (a race remains until the server binds; the runner retries)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+    """A port nothing is bound to now, outside the ephemeral range (listen_range); a race with another
+    chooser remains until the server binds, and the runner retries a taken port."""
+    lo, hi = listen_range()
+    start = random.randrange(lo, hi)
+    for i in range(hi - lo):
+        port = lo + (start - lo + i) % (hi - lo)
+        if port_free(port, host, reuse=False):
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:   # every one taken: the OS's choice
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
 
 
-def port_free(port: int, host: str = "127.0.0.1") -> bool:
+def port_free(port: int, host: str = "127.0.0.1", reuse: bool = True) -> bool:
+    """Whether a server could bind `port` now (with SO_REUSEADDR, as servers do, unless `reuse` is off:
+    then a port that a closing connection still holds counts as taken)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError:

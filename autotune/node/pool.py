@@ -23,10 +23,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from autotune.engine.process import listen_range
 from autotune.errors import UserError
 
 PORTS_PER_LEASE = 8          # HTTP port, then vLLM's internal ones (VLLM_PORT, data-parallel RPC, ...)
-_PORT_RANGE = (20000, 60000)
 
 
 def host_name() -> str:
@@ -186,7 +186,9 @@ class GpuPool:
         self._held: dict[int, Lease] = {}
         self._ports: set[int] = set()
         self._lock = threading.Lock()
-        self._next_port = _PORT_RANGE[0] + (os.getpid() * 97) % (_PORT_RANGE[1] - _PORT_RANGE[0])
+        self._port_range = listen_range()     # below the ephemeral range: no client connection takes one
+        lo, hi = self._port_range
+        self._next_port = lo + (os.getpid() * 97) % (hi - lo - PORTS_PER_LEASE)
 
     @classmethod
     def for_host(cls, gpus: Sequence[int], *, physical: bool, sys_root: Path = Path("/sys")) -> "GpuPool":
@@ -237,7 +239,7 @@ class GpuPool:
         return free[:n]
 
     def _port_block(self) -> int:
-        lo, hi = _PORT_RANGE
+        lo, hi = self._port_range
         for _ in range(2000):
             base = self._next_port
             self._next_port = lo + (self._next_port - lo + PORTS_PER_LEASE) % (hi - lo - PORTS_PER_LEASE)

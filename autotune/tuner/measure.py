@@ -327,6 +327,7 @@ class _Run:
                            # which step's client fell behind, not only that one did (the result's flag)
                            "client_saturated": s.measurement.client.saturated,
                            "client_lag_p99_ms": s.measurement.client.loop_lag_p99_ms,
+                           "client_note": s.measurement.client.note,      # its lag, CPU and collections
                            "discarded_output_tokens": (s.discarded.metrics.get("total_output_tokens")
                                                        if s.discarded is not None else None),
                            **_class_figures(s.measurement.metrics)}

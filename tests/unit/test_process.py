@@ -15,6 +15,7 @@ from autotune.engine.process import (
     ProcessRecord,
     find_free_port,
     kill_leftovers,
+    listen_range,
     record_of,
     spawn,
     stop_group,
@@ -144,6 +145,23 @@ def test_kill_leftovers_finds_orphans_of_a_dead_leader(tmp_path):
         assert wait_for(lambda: gone(kids[0]))
     finally:
         stop_group(kids[1], kids[1], grace_s=0.3)  # the escapee has its own group
+
+
+def test_free_ports_are_chosen_below_the_ephemeral_range_that_client_connections_use():
+    lo, hi = listen_range()
+    ephemeral_low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    assert lo == 20000 and (hi == ephemeral_low or ephemeral_low - 20000 < 4096)
+    taken = []
+    try:
+        for _ in range(20):
+            port = find_free_port()
+            assert lo <= port < hi and port not in [s.getsockname()[1] for s in taken]
+            sock = socket.socket()
+            sock.bind(("127.0.0.1", port))         # each really was free; held, so the next must differ
+            taken.append(sock)
+    finally:
+        for sock in taken:
+            sock.close()
 
 
 def test_find_free_port_and_wait_port_free():

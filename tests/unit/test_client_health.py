@@ -1,0 +1,67 @@
+"""The client's health monitor: the collector's pauses during a step are counted and named, and the heap
+that existed before the step is out of the collector's reach while it runs (and back after)."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+
+from autotune.bench.health import LoopMonitor
+
+
+class Cycle:
+    def __init__(self) -> None:
+        self.me = self      # only the cyclic collector frees this
+
+
+async def _step(collect: bool) -> tuple[LoopMonitor, int, int]:
+    monitor = LoopMonitor(period_s=0.001)
+    monitor.start()
+    frozen_during = gc.get_freeze_count()
+    for _ in range(3):
+        await asyncio.sleep(0.005)      # the loop samples its lag
+    if collect:
+        made = [[] for _ in range(500_000)]   # what a step allocated: a full walk of it takes milliseconds
+        gc.collect()
+        del made
+    await monitor.stop()
+    return monitor, frozen_during, gc.get_freeze_count()
+
+
+def test_a_step_freezes_the_heap_counts_collections_and_thaws_after() -> None:
+    before = gc.get_freeze_count()
+    Cycle()                                              # garbage from before the step
+    monitor, during, after = asyncio.run(_step(collect=True))
+    assert during > before                               # the heap before the step: not walked during it
+    assert after == before                               # and handed back when the step ends
+    assert len(monitor.gc_pauses_ms) >= 1 and all(ms >= 0 for ms in monitor.gc_pauses_ms)
+    health = monitor.health()
+    assert "garbage collection(s), the longest" in health.note
+    assert health.note.startswith("event-loop lag p50") or health.saturated   # the lag is still reported
+    assert monitor._on_gc not in gc.callbacks
+    assert monitor.cpu_wait_ms is not None and monitor.cpu_wait_ms >= 0   # Linux's run delay of the loop's thread
+
+
+def test_two_overlapping_steps_keep_the_heap_frozen_until_the_last_ends() -> None:
+    async def two() -> tuple[int, int, int]:
+        a, b = LoopMonitor(period_s=0.001), LoopMonitor(period_s=0.001)
+        base = gc.get_freeze_count()
+        a.start()
+        b.start()
+        await asyncio.sleep(0.005)
+        await a.stop()
+        still = gc.get_freeze_count()
+        await b.stop()
+        return base, still, gc.get_freeze_count()
+
+    base, still, after = asyncio.run(two())
+    assert still > base and after == base
+
+
+def test_a_step_without_collections_says_nothing_of_them() -> None:
+    gc.disable()                                         # no collection can start inside the step
+    try:
+        monitor, _, _ = asyncio.run(_step(collect=False))
+    finally:
+        gc.enable()
+    assert monitor.gc_pauses_ms == [] and "garbage" not in monitor.health().note

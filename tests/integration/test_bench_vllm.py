@@ -17,7 +17,12 @@ async def test_run_load_on_vllm_counts_tokens_with_the_model_tokenizer(vllm_serv
     assert x["total_output_tokens"] == 16 * 16                 # ignore_eos + the server's usage count
     # the demo model's tokenizer is local: prompts are exactly 64 tokens, and the server counts the same
     assert all(r.input_tokens == 64 for r in m.records)
-    assert 0 < x["median_ttft_ms"] < x["median_e2el_ms"] and x["median_tpot_ms"] > 0
+    # vLLM merges a request's pending outputs into one chunk when its reader is late (the API server's output
+    # collector), so on a busy box whole 16-token answers can arrive at once (seen: TTFT = E2EL): such a
+    # request has no TPOT, never a TPOT of 0
+    assert 0 < x["median_ttft_ms"] <= x["median_e2el_ms"]
+    assert x.get("median_tpot_ms") is None or x["median_tpot_ms"] > 0
+    assert all(r.tpot_ms is None or r.tpot_ms > 0 for r in m.records)
     assert x["slo_attainment_pct"] == 100.0
 
 

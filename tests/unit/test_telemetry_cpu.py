@@ -51,7 +51,10 @@ def test_follows_children_that_appear_after_start(tree: subprocess.Popen, wait_u
     assert s.source == "cpu" and s.samples >= 20
     assert max(r["procs"] for r in s.series) == 2 and s.series[0]["procs"] == 1
     assert s.rss_peak_mib is not None and s.rss_peak_mib > 200          # the child's buffer is counted
-    assert s.cpu_pct_mean is not None and s.cpu_pct_mean > 15           # one spinning core, on a shared host
+    # the spinning child is in the series; the mean over the whole run is only positive: the wait ends at the
+    # first busy sample, so how many idle ones came before it is the machine's doing (seen: a mean of 7.5 %)
+    assert max(r.get("cpu_pct", 0) for r in s.series if r["procs"] == 2) > 50
+    assert s.cpu_pct_mean is not None and s.cpu_pct_mean > 0
     busy = [r["cpu_pct"] for r in s.series if r.get("procs") == 2 and "cpu_pct" in r]
     assert max(busy) > 50
     assert s.mem_total_mib == pytest.approx(psutil.virtual_memory().total / 2**20, rel=1e-3)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import os
 import threading
 import time
 
@@ -58,6 +59,44 @@ def _cpu_wait_s() -> float | None:
         return None
 
 
+_TICK_S = 1.0 / (os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100)
+
+
+def _steal_s() -> float | None:
+    """Seconds the hypervisor kept this process's CPUs from running anything (/proc/stat's steal, summed
+    over the cores the process may use): a guest stall that no runqueue in the guest shows."""
+    try:
+        cpus = {f"cpu{c}" for c in os.sched_getaffinity(0)}
+        with open("/proc/stat") as f:
+            return sum(int(parts[8]) for parts in (line.split() for line in f)
+                       if parts and parts[0] in cpus and len(parts) > 8) * _TICK_S
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _other_threads_s() -> dict[str, float]:
+    """CPU seconds of this process's other threads, by name: one that ran while the loop stalled held the
+    interpreter lock the loop's thread was waiting for (a wait no runqueue shows either)."""
+    me, out = threading.get_native_id(), {}
+    names = {str(t.native_id): t.name for t in threading.enumerate()}   # the OS knows only "python"
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return out
+    for tid in tids:
+        if tid == str(me):
+            continue
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        name = names.get(tid) or stat[stat.find("(") + 1:stat.rfind(")")]
+        fields = stat[stat.rfind(")") + 2:].split()
+        out[f"{name}[{tid}]"] = (int(fields[11]) + int(fields[12])) * _TICK_S   # utime + stime
+    return out
+
+
 class LoopMonitor:
     """Start before the load, stop after; `health()` says what it saw, the collector's pauses included."""
 
@@ -74,6 +113,10 @@ class LoopMonitor:
         self._gc_t0 = 0.0
         self._wait0: float | None = None
         self.cpu_wait_ms: float | None = None    # the loop's thread waiting for a CPU during the step
+        self._steal0: float | None = None
+        self.steal_ms: float | None = None       # the hypervisor's, on the process's cores
+        self._others0: dict[str, float] = {}
+        self.others_ms: dict[str, float] = {}    # the process's other threads' CPU during the step
 
     def _on_gc(self, phase: str, info: dict) -> None:
         if phase == "start":
@@ -97,6 +140,8 @@ class LoopMonitor:
         gc.callbacks.append(self._on_gc)
         self._t0, self._cpu0 = time.perf_counter(), self._cpu()
         self._wait0 = _cpu_wait_s()
+        self._steal0 = _steal_s()
+        self._others0 = _other_threads_s()
         self._task = asyncio.create_task(self._run())
 
     async def stop(self) -> None:
@@ -104,6 +149,10 @@ class LoopMonitor:
         wait1 = _cpu_wait_s()
         if self._wait0 is not None and wait1 is not None:
             self.cpu_wait_ms = (wait1 - self._wait0) * 1000.0
+        steal1 = _steal_s()
+        if self._steal0 is not None and steal1 is not None:
+            self.steal_ms = (steal1 - self._steal0) * 1000.0
+        self.others_ms = {k: (v - self._others0.get(k, 0.0)) * 1000.0 for k, v in _other_threads_s().items()}
         if self._task is not None:
             self._task.cancel()
             try:
@@ -113,6 +162,21 @@ class LoopMonitor:
             self._task = None
             gc.callbacks.remove(self._on_gc)
             FROZEN.release()
+
+    def _where(self) -> list[str]:
+        """Where a flagged step's stalls may have come from, each as measured during the step."""
+        out = []
+        stalls = [x for x in self.lags_ms if x > LAG_P99_LIMIT_MS]
+        out.append(f"{len(stalls)} of {len(self.lags_ms)} ticks over {LAG_P99_LIMIT_MS:g} ms, "
+                   f"the longest {max(self.lags_ms):.0f} ms")
+        if self.cpu_wait_ms is not None:
+            out.append(f"the loop's thread waited {self.cpu_wait_ms:.0f} ms in all for a CPU")
+        if self.steal_ms is not None:
+            out.append(f"the hypervisor stole {self.steal_ms:.0f} ms of the process's cores")
+        busy = sorted(((ms, name) for name, ms in self.others_ms.items() if ms >= 1.0), reverse=True)
+        if busy:
+            out.append("other threads ran " + ", ".join(f"{name} {ms:.0f} ms" for ms, name in busy[:3]))
+        return out
 
     def health(self) -> ClientHealth:
         wall = max(1e-9, self._t1 - self._t0)
@@ -131,8 +195,8 @@ class LoopMonitor:
         saturated = bool(reasons)
         if not reasons:
             reasons.append(f"event-loop lag p50 {p50:.2f} ms, p99 {p99:.2f} ms")
-        if self.cpu_wait_ms is not None and saturated:
-            reasons.append(f"the loop's thread waited {self.cpu_wait_ms:.0f} ms in all for a CPU")
+        if saturated:
+            reasons.extend(self._where())
         gc_ms = max(self.gc_pauses_ms, default=0.0)
         if gc_ms >= 1.0:   # what a stall may have been: the collector's pauses stop every thread
             reasons.append(f"{len(self.gc_pauses_ms)} garbage collection(s), the longest {gc_ms:.0f} ms")

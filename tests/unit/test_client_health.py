@@ -65,3 +65,42 @@ def test_a_step_without_collections_says_nothing_of_them() -> None:
     finally:
         gc.enable()
     assert monitor.gc_pauses_ms == [] and "garbage" not in monitor.health().note
+
+
+def test_a_flagged_step_names_its_stalls_and_the_thread_that_ran_beside_the_loop() -> None:
+    import threading
+    import time
+
+    done, release = threading.Event(), threading.Event()
+
+    def spin() -> None:                                  # a busy thread of the same process: 50 ms of CPU
+        t0 = time.thread_time()
+        while time.thread_time() - t0 < 0.05:
+            sum(range(1000))
+        done.set()
+        release.wait()                                   # alive when the step ends: a thread that ended is not read
+
+    async def step() -> LoopMonitor:
+        monitor = LoopMonitor(period_s=0.001)
+        monitor.start()
+        await asyncio.sleep(0.005)
+        end = time.perf_counter() + 0.05
+        while time.perf_counter() < end:                 # the loop itself blocked: one 50 ms stall
+            pass
+        await asyncio.sleep(0.005)
+        spinner = threading.Thread(target=spin, name="busy-beside", daemon=True)
+        spinner.start()
+        while not done.is_set():                         # the loop runs while the thread takes its CPU
+            await asyncio.sleep(0.001)
+        await monitor.stop()
+        release.set()
+        spinner.join()
+        return monitor
+
+    monitor = asyncio.run(step())
+    health = monitor.health()
+    assert health.saturated                              # the 50 ms stall is over the 20 ms p99 bound
+    assert "ticks over 20 ms, the longest" in health.note
+    assert max(monitor.lags_ms) >= 45
+    assert "busy-beside" in health.note                  # the thread that ran is named, with its CPU time
+    assert any(name.startswith("busy-beside") and ms >= 30 for name, ms in monitor.others_ms.items())

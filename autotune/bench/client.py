@@ -8,6 +8,7 @@ server latency; events that arrived together share that timestamp (ITL 0), which
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from dataclasses import dataclass
@@ -78,6 +79,28 @@ class StreamClient:
     def session(self) -> aiohttp.ClientSession:
         assert self._session is not None, "use StreamClient as an async context manager"
         return self._session
+
+    async def open_connections(self, n: int, path: str = "/health") -> int:
+        """Open `n` kept-alive connections before a step's clock starts; returns how many answered.
+
+        Why: each step's client is new, so a closed loop at concurrency 53 opened 49 sockets inside its
+        measured window. On the 16-core GPU host the socket() call itself stalled the event loop 25-50 ms
+        (18 of 35 stalls caught at 8 slots, 2026-12-02, with no other thread running and no CPU wait), and
+        each such stall flagged the step `client_saturated`. A production client keeps its connections
+        open too, so a request's time starts at the request, not at a TCP handshake. Any HTTP answer
+        keeps its connection; one that fails is left to the step, which opens what it lacks."""
+        if n <= 0:
+            return 0
+
+        async def one() -> bool:
+            try:
+                async with self.session.get(self.base_url + path, timeout=aiohttp.ClientTimeout(total=10)) as r:
+                    await r.read()
+                return True
+            except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+                return False
+
+        return sum(await asyncio.gather(*(one() for _ in range(n))))
 
     def payload(self, prompt: Prompt) -> bytes:
         """The request body. `ignore_eos` with a fixed length, as benchmarks must: a random-weight or

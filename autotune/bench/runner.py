@@ -28,6 +28,7 @@ from autotune.slo import SLO
 from autotune.telemetry.metrics import VllmReading, spec_decode_stats
 
 DEFAULT_NUM_REQUESTS = 200
+PREOPEN_MAX = 256      # sockets opened before a step's clock starts, at most
 ABORT_POLL_S = 0.05   # how often in-flight requests are checked against TTFT/E2EL limits
 
 
@@ -49,6 +50,20 @@ def _arrivals(concurrency: int | None, rate: float | None, burstiness: float, se
         assert concurrency is not None
         return ClosedLoop(concurrency)
     return OpenLoop(rate, burstiness, seed, cap=concurrency, exact_n=num_requests)
+
+
+def _preopen(concurrency: int | None, rate: float | None, num_requests: int | None) -> int:
+    """How many sockets a step opens before its clock (StreamClient.open_connections): a closed loop
+    keeps `concurrency` requests in flight; an open loop sends its first second's requests at once at
+    most (all of them at an infinite rate); a trace replay opens its own as its times come. Capped: more
+    are opened as needed."""
+    if concurrency is not None:
+        n = concurrency
+    elif rate is not None:
+        n = math.ceil(rate) if math.isfinite(rate) else (num_requests or PREOPEN_MAX)
+    else:
+        n = 0
+    return min(n, PREOPEN_MAX)
 
 
 async def check_server(client: StreamClient) -> None:
@@ -114,6 +129,7 @@ async def run_load(base_url: str, model: str, workload: Workload, *, concurrency
                 iter(warm), send_warm, deadline=None, stop=asyncio.Event())
             if not any(r.ok for r in warm_sink):
                 raise UserError(f"every warm-up request failed: {warm_sink[0].error}")
+        await client.open_connections(_preopen(concurrency, rate, num_requests))
         return await _measure(client, arrivals, measured, num_requests, duration_s, slo, abort_on_slo,
                               concurrency, {"warmup": warmup, "seed": seed, "workload": workload.params(),
                                             "endpoint": endpoint, "num_requests": num_requests,

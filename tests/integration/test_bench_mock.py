@@ -257,3 +257,26 @@ async def test_steady_throughput_does_not_depend_on_where_the_last_wave_falls():
         assert abs(s44 / s160 - 1) < 0.10       # 0.06 failed at 0.064 unflagged, three jobs on two cores
         assert got[44]["output_throughput"] < 0.95 * s44
         assert 0.85 * 40 / 0.012 < s160
+
+
+async def test_a_step_sends_on_connections_opened_before_its_clock():
+    """Every measured request rides a socket the client opened before the step began (a socket made
+    inside the window stalled the loop tens of ms on the GPU host and flagged the step)."""
+    seen: list[tuple[str, int]] = []
+
+    @web.middleware
+    async def peer(request: web.Request, handler):
+        seen.append((request.path, request.transport.get_extra_info("peername")[1]))
+        return await handler(request)
+
+    app = build_app(MockConfig(mode="stream", itl_ms=1))
+    app.middlewares.append(peer)
+    async with serve(app) as url:
+        m = await run_load(url, "mock", W, concurrency=8, num_requests=32, slo=SLO.parse("ttft=1s"))
+    assert m.metrics["completed"] == 32
+    first_path: dict[int, str] = {}
+    for path, port in seen:
+        first_path.setdefault(port, path)
+    sent_on = {port for path, port in seen if path == "/v1/completions"}
+    assert sent_on and all(first_path[port] != "/v1/completions" for port in sent_on)
+    assert len(sent_on) <= 8

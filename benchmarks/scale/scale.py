@@ -72,19 +72,26 @@ def run_config(pg: ThrowawayPostgres, label: str, pools: list[list[int]], n_tria
     eng = create_engine(url)
     with eng.connect() as conn:
         rows = conn.execute(text("select number, state, cause, host, started_at, finished_at, client, "
-                                 "measurement_flags from autotune_trials")).all()
+                                 "measurement_flags, capacity from autotune_trials")).all()
     eng.dispose()
     # finished trials (a failed one whose measurement worker died was re-queued and is not one of them)
     done = [r for r in rows if r.state in FINISHED and r.finished_at is not None and r.cause != "worker_died"]
+    # a candidate rejected before any launch (memory model, known constraint) holds no slot for a moment and
+    # does not count toward --n-trials: counted apart, never in the throughput
+    unlaunched = [r for r in done if r.cause in ("predicted_oom", "constraint")]
+    done = [r for r in done if r not in unlaunched]
     early = sum(r.state == "stopped" for r in rows)
     shares = {r.number: _json(r.client).get("cpu_share") for r in done if r.client}
     saturated = sorted(r.number for r in done if r.cause == "client_saturated"
                        or "client_saturated" in (_json(r.measurement_flags) or []))
+    # what each flagged step's client said of itself: its loop's lag, the CPU it waited for, its collections
+    notes = {r.number: [st.get("client_note") for st in (_json(r.capacity).get("steps") or [])
+                        if st.get("client_saturated")] for r in done if r.number in saturated}
     first, last = min(r.started_at for r in done), max(r.finished_at for r in done)
     window = (last - first).total_seconds()
     walls = [(r.finished_at - r.started_at).total_seconds() for r in done]
     return {"label": label, "daemons": len(pools), "slots": sum(len(p) for p in pools), "n_trials": n_trials,
-            "finished": len(done), "early_stopped": early, "accounted": len(done) + early == n_trials,
+            "finished": len(done), "rejected_unlaunched": len(unlaunched), "early_stopped": early, "accounted": len(done) + early == n_trials,
             "interrupted": sum(r.state == "interrupted" for r in rows),
             "by_host": {h: sum(r.host == h for r in done) for h in sorted({r.host for r in done})},
             "window_s": round(window, 1), "trials_per_hour": round(len(done) / window * 3600, 1),
@@ -95,6 +102,7 @@ def run_config(pg: ThrowawayPostgres, label: str, pools: list[list[int]], n_tria
                                  "max": max((x for x in shares.values() if x is not None), default=None),
                                  "per_trial": dict(sorted(shares.items()))},
             "client_saturated": len(saturated), "client_saturated_trials": saturated,
+            "client_saturated_notes": notes,
             "loadavg_before": [round(x, 2) for x in load_before],
             "loadavg_after": [round(x, 2) for x in os.getloadavg()], "exit_codes": codes}
 

@@ -25,6 +25,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +82,9 @@ def run_config(pg: ThrowawayPostgres, label: str, pools: list[list[int]], n_tria
     unlaunched = [r for r in done if r.cause in ("predicted_oom", "constraint")]
     done = [r for r in done if r not in unlaunched]
     early = sum(r.state == "stopped" for r in rows)
+    # whatever is neither (a worker that died, a duplicate, a trial left running): named when not accounted
+    rest = Counter(f"{r.state}/{r.cause}" for r in rows
+                   if r not in done and r not in unlaunched and r.state != "stopped")
     shares = {r.number: _json(r.client).get("cpu_share") for r in done if r.client}
     saturated = sorted(r.number for r in done if r.cause == "client_saturated"
                        or "client_saturated" in (_json(r.measurement_flags) or []))
@@ -92,7 +96,7 @@ def run_config(pg: ThrowawayPostgres, label: str, pools: list[list[int]], n_tria
     walls = [(r.finished_at - r.started_at).total_seconds() for r in done]
     return {"label": label, "daemons": len(pools), "slots": sum(len(p) for p in pools), "n_trials": n_trials,
             "finished": len(done), "rejected_unlaunched": len(unlaunched), "early_stopped": early, "accounted": len(done) + early == n_trials,
-            "interrupted": sum(r.state == "interrupted" for r in rows),
+            "interrupted": sum(r.state == "interrupted" for r in rows), "other_rows": dict(rest),
             "by_host": {h: sum(r.host == h for r in done) for h in sorted({r.host for r in done})},
             "window_s": round(window, 1), "trials_per_hour": round(len(done) / window * 3600, 1),
             # from the ask to the tell: a trial asked ahead waits for its slot inside this figure

@@ -5,10 +5,12 @@ loop's lag (a timer that should fire every 10 ms) and the process's CPU use, and
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import gc
 import os
 import threading
 import time
+from typing import TextIO
 
 import numpy as np
 import psutil
@@ -97,6 +99,24 @@ def _other_threads_s() -> dict[str, float]:
     return out
 
 
+STALL_DUMP_ENV = "AUTOTUNE_STALL_DUMP"   # a folder: where a step's stalls are caught, one file per process
+STALL_DUMP_AFTER_S = 0.025               # a tick this late dumps every thread's stack
+
+
+def _stall_dump() -> TextIO | None:
+    """The open dump file when AUTOTUNE_STALL_DUMP names a folder. What the counts in a step's note cannot
+    say is where the loop's thread was; Python's fault handler dumps every thread's stack from a C thread
+    of its own when a tick is late, so a stall inside a system call or behind the interpreter lock is
+    caught where it happened (how the socket() stalls on the GPU host were found). The handler's timer is
+    one per process: steps that share a process (`run --parallel 1` runs them in threads) re-arm each
+    other's, so there a dump is a sample, not every stall."""
+    folder = os.environ.get(STALL_DUMP_ENV)
+    if not folder:
+        return None
+    os.makedirs(folder, exist_ok=True)
+    return open(os.path.join(folder, f"stalls-{os.getpid()}.txt"), "a")
+
+
 class LoopMonitor:
     """Start before the load, stop after; `health()` says what it saw, the collector's pauses included."""
 
@@ -130,10 +150,18 @@ class LoopMonitor:
         return t.user + t.system
 
     async def _run(self) -> None:
-        while True:
-            due = time.perf_counter() + self.period_s
-            await asyncio.sleep(self.period_s)
-            self.lags_ms.append(max(0.0, (time.perf_counter() - due) * 1000.0))
+        dump = _stall_dump()
+        try:
+            while True:
+                due = time.perf_counter() + self.period_s
+                if dump is not None:     # fires from C, without the interpreter lock, if this tick is late
+                    faulthandler.dump_traceback_later(self.period_s + STALL_DUMP_AFTER_S, file=dump)
+                await asyncio.sleep(self.period_s)
+                self.lags_ms.append(max(0.0, (time.perf_counter() - due) * 1000.0))
+        finally:
+            if dump is not None:
+                faulthandler.cancel_dump_traceback_later()
+                dump.close()
 
     def start(self) -> None:
         FROZEN.hold()

@@ -104,3 +104,27 @@ def test_a_flagged_step_names_its_stalls_and_the_thread_that_ran_beside_the_loop
     assert max(monitor.lags_ms) >= 45
     assert "busy-beside" in health.note                  # the thread that ran is named, with its CPU time
     assert any(name.startswith("busy-beside") and ms >= 30 for name, ms in monitor.others_ms.items())
+
+
+def test_with_a_dump_folder_a_late_tick_leaves_the_stack_of_what_held_the_loop(tmp_path, monkeypatch) -> None:
+    import os
+    import time
+
+    monkeypatch.setenv("AUTOTUNE_STALL_DUMP", str(tmp_path))
+
+    def hold_the_loop() -> None:
+        end = time.perf_counter() + 0.1                  # 100 ms: well past the 10 + 25 ms the dump waits
+        while time.perf_counter() < end:
+            pass
+
+    async def step() -> None:
+        monitor = LoopMonitor()
+        monitor.start()
+        await asyncio.sleep(0.02)
+        hold_the_loop()
+        await asyncio.sleep(0.02)
+        await monitor.stop()
+
+    asyncio.run(step())
+    dump = (tmp_path / f"stalls-{os.getpid()}.txt").read_text()
+    assert "Timeout (" in dump and "hold_the_loop" in dump

@@ -29,7 +29,7 @@ from autotune.engine.base import Engine, EngineFailure, LaunchRequest, Server, S
 from autotune.engine.deployment import launch as launch_server, members_of, startup_log
 from autotune.bench.step_bounds import ServerLimits
 from autotune.engine.logparse import logged_kv_tokens, port_in_use
-from autotune.engine.process import find_free_port, write_log_header
+from autotune.engine.process import confine, find_free_port, write_log_header
 from autotune.errors import UserError
 from autotune.redact import Redactor, api_key_of
 from autotune.spec import StudySpec
@@ -82,6 +82,7 @@ class _Launch:
     hint: tuple[float, float | None] | None = None   # where the capacity search starts (bench/capacity.py)
     before_load: Callable[[], None] | None = None    # waited for between /health and the first request
     client_cores: tuple[int, ...] = ()   # the measurement worker's (the CPU build: apart from the server's)
+    compute_cores: tuple[int, ...] = ()  # the CPU build's server, once ready: all of it moves here
 
 
 class TrialRunner:
@@ -138,6 +139,7 @@ class TrialRunner:
         env = {**self.spec.engine.env, **(env or {})}
         cores: tuple[int, ...] = ()
         client_cores: tuple[int, ...] = ()
+        compute_cores: tuple[int, ...] = ()
         if lease is not None:
             cores = client_cores = lease.cores
             # vLLM's internal ports (torch.distributed, data-parallel RPC) start at VLLM_PORT: inside the block
@@ -146,10 +148,14 @@ class TrialRunner:
             if self.spec.engine.kind == "vllm" and not gpus and cores:
                 compute, client_cores = cpu_build_split(cores)
                 if set(compute) < _affinity():
-                    # the CPU build binds its OpenMP threads itself: to the server's compute share
+                    # the CPU build binds its OpenMP threads itself: to the server's compute share (in a
+                    # worker process it spawns; its one-process executor binds nothing, so as many
+                    # threads as compute cores, and the whole server moves there once ready)
                     env.setdefault("VLLM_CPU_OMP_THREADS_BIND", format_cpulist(compute))
+                    env.setdefault("OMP_NUM_THREADS", str(len(compute)))
+                    compute_cores = compute
         launch = _Launch(all_flags, log_path, gpus, env, cores, self.spec.seed if seed is None else seed, stopper,
-                         claim, hint, before_load, client_cores)
+                         claim, hint, before_load, client_cores, compute_cores)
         for attempt in range(1, PORT_ATTEMPTS + 1):
             # the lease's own port first; a retry takes any free one (the lease's was taken from outside)
             port = lease.port if lease is not None and attempt == 1 else find_free_port()
@@ -227,6 +233,8 @@ class TrialRunner:
         except EngineFailure as f:
             return TrialOutcome("failed", f.cause, f.detail, log_tail=f.log_tail or server.log_tail(),
                                 log_path=str(log_path))
+        if launch.compute_cores:      # the load client's core is its own from here (engine/process.confine)
+            confine(server.pid, launch.compute_cores)
         if launch.before_load is not None:
             launch.before_load()
         try:
@@ -311,9 +319,10 @@ def cpu_build_split(cores: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, .
     """(server compute cores, load-client cores) of a CPU-build lease. The CPU build's OpenMP threads spin
     on every core they are bound to, so a client on those cores is starved: its timestamps come late, it
     flags itself `client_saturated`, and the trial is never exported unconfirmed. With two cores or more
-    the compute threads get all but the last and the client the last; the server's processes stay on the
-    whole lease, so its imports at start and its HTTP front end are not squeezed onto the compute cores
-    (pinned there, a start under load took over five minutes here). With one core, both share it."""
+    the compute threads get all but the last and the client the last. The server starts on the whole
+    lease, so its imports are not squeezed onto the compute cores (pinned there, a start under load took
+    over five minutes here), and moves onto them once ready, its HTTP front end included: the client's
+    core is then its own. With one core, both share it."""
     cores = tuple(cores)
     if len(cores) < 2:
         return cores, cores

@@ -1,8 +1,8 @@
 """On vLLM's CPU build the server's OpenMP threads spin on every core they get: a load client sharing those
 cores is starved and flags itself `client_saturated`. A CPU-build lease of two cores or more therefore
 binds the server's compute threads to all but the last core (VLLM_CPU_OMP_THREADS_BIND) and pins the
-load client (its measurement worker process) to the last one; the server's processes keep the whole
-lease. A GPU lease keeps one shared set, as before."""
+load client (its measurement worker process) to the last one; the server starts on the whole lease and
+moves onto the compute cores, every thread of it, once ready. A GPU lease keeps one shared set."""
 
 from __future__ import annotations
 
@@ -92,4 +92,50 @@ def test_the_runner_launches_and_pins_by_that_split(tmp_path: Path, monkeypatch:
     [request] = engine.requests
     assert tuple(request.cores) == server
     assert request.env.get("VLLM_CPU_OMP_THREADS_BIND") == bind
+    # the one-process executor binds nothing: as many OpenMP threads as compute cores
+    assert request.env.get("OMP_NUM_THREADS") == (None if bind is None else "1")
     assert pinned[0] == client
+
+
+def test_confine_moves_every_thread_of_a_server_and_of_its_children(tmp_path: Path) -> None:
+    import os
+    import signal
+    import sys
+
+    from autotune.engine.process import confine, spawn, stop_group
+
+    if not {0, 1} <= set(trial_module._affinity()):
+        pytest.skip("needs cores 0 and 1 in this process's affinity")
+    # a parent with two threads and a child with two threads, all started on both cores
+    body = ("import threading, subprocess, sys, time\n"
+            "for _ in range(2): threading.Thread(target=time.sleep, args=(600,), daemon=True).start()\n"
+            "if sys.argv[1] == 'parent':\n"
+            "    subprocess.Popen([sys.executable, '-c', open(__file__).read(), 'child'])\n"
+            "print('up', flush=True)\n"
+            "time.sleep(600)\n")
+    script = tmp_path / "tree.py"
+    script.write_text(body)
+    log = tmp_path / "tree.log"
+    proc = spawn([sys.executable, str(script), "parent"], log, cores=(0, 1))
+    try:
+        import psutil
+        parent = psutil.Process(proc.pid)
+        import time
+
+        def up() -> bool:     # both processes said so, with their threads started
+            kids = parent.children()
+            return log.read_text().count("up") >= 2 and len(kids) == 1 and kids[0].num_threads() >= 3
+        for _ in range(6000):                                   # waits for the event; 60 s at most
+            if up():
+                break
+            time.sleep(0.01)
+        assert up()
+        procs = [parent, *parent.children(recursive=True)]
+        assert len(procs) == 2
+        moved = confine(proc.pid, (0,))
+        tids = [t.id for p in procs for t in p.threads()]
+        assert moved == len(tids) >= 6
+        assert all(os.sched_getaffinity(tid) == {0} for tid in tids)
+    finally:
+        stop_group(proc.pid, os.getpgid(proc.pid), grace_s=5, popen=proc)
+    assert proc.poll() is not None and proc.returncode == -signal.SIGTERM

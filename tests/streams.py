@@ -131,12 +131,36 @@ def _next(pending: list[Job], running: list[Job]) -> Job | None:
     return pending[0] if pending and len(running) <= 1 else None
 
 
+def _stop_jobs(running: list[Job]) -> None:
+    """SIGINT first (pytest ends its session and its fixtures' servers), then SIGTERM, then SIGKILL, each
+    to the job's whole group: a job started from a background shell ignores SIGINT, and one stuck in a
+    test may ignore both."""
+    for sig, grace_s in ((signal.SIGINT, 30.0), (signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
+        live = [j.proc for j in running if j.proc is not None and j.proc.poll() is None]
+        for proc in live:
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                pass
+        end = time.monotonic() + grace_s
+        for proc in live:
+            try:
+                proc.wait(timeout=max(0.0, end - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+
+
 def main(argv: list[str]) -> int:
     t0 = time.monotonic()
     lock = threading.Lock()
     fast = "--fast" in argv
     argv = [a for a in argv if a != "--fast"]
     pending, running, done = (fast_jobs(argv) if fast else jobs(argv)), [], []
+    # a SIGTERM (a CI timeout, `kill`) ends the jobs as Ctrl-C does: each is a process group of its own,
+    # which a signal to this process alone would leave running with its servers (SIGINT too: a shell
+    # starts a background job with it ignored)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.default_int_handler)
     try:
         while pending or running:
             while (job := _next(pending, running)) is not None:
@@ -160,12 +184,7 @@ def main(argv: list[str]) -> int:
                 print(f"[{job.name}] ended: exit {job.code}, {job.ended - job.started:.0f} s "
                       f"({job.started:.0f}-{job.ended:.0f} s), {job.cpu:.0f} CPU s", flush=True)
     except KeyboardInterrupt:
-        for job in running:
-            if job.proc is not None and job.proc.poll() is None:
-                os.killpg(job.proc.pid, signal.SIGINT)      # pytest ends its session and its fixtures' servers
-        for job in running:
-            if job.proc is not None:
-                job.proc.wait()
+        _stop_jobs(running)
         return 2
     took = time.monotonic() - t0
     print("jobs (start-end s, wall s, CPU s, exit):")

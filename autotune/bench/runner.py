@@ -55,14 +55,15 @@ def _arrivals(concurrency: int | None, rate: float | None, burstiness: float, se
 def _preopen(concurrency: int | None, rate: float | None, num_requests: int | None) -> int:
     """How many sockets a step opens before its clock (StreamClient.open_connections): a closed loop
     keeps `concurrency` requests in flight; an open loop sends its first second's requests at once at
-    most (all of them at an infinite rate); a trace replay opens its own as its times come. Capped: more
-    are opened as needed."""
+    most (all of them at an infinite rate); a trace replay may have each of its requests in flight at
+    once (a burst). Capped: more are opened as needed, and a server closes idle ones after its keep-alive
+    (vLLM: 5 s), so a long replay opens again later."""
     if concurrency is not None:
         n = concurrency
-    elif rate is not None:
-        n = math.ceil(rate) if math.isfinite(rate) else (num_requests or PREOPEN_MAX)
+    elif rate is not None and math.isfinite(rate):
+        n = math.ceil(rate)
     else:
-        n = 0
+        n = num_requests or PREOPEN_MAX
     return min(n, PREOPEN_MAX)
 
 

@@ -218,7 +218,12 @@ def test_a_database_that_cannot_grow_stops_the_run_in_one_line_and_the_next_run_
     import signal
     import subprocess
 
-    spec = study(tmp_path, demo_model_dir, "ok")
+    # a token budget never below --max-model-len 512: no drawn candidate is rejected before launch (a
+    # rejection costs no budget, so one would add a row and the counts below would hang on the draw)
+    spec = study(tmp_path, demo_model_dir, "ok", search_space={"params": {
+        "max_num_seqs": {"type": "int", "low": 2, "high": 16, "log": True},
+        "max_num_batched_tokens": {"type": "int", "low": 512, "high": 4096},
+        "enable_chunked_prefill": {"type": "bool", "default": True}}})
     assert run(spec) == 0                                       # trial 0, and the database exists
     limit = (tmp_path / "faults.db").stat().st_size + 4096      # a page or so of room, not a trial's evidence
 

@@ -193,14 +193,38 @@ class SearchSpace:
 
     def suggest(self, trial: optuna.Trial, only: Sequence[str] | None = None) -> dict[str, Any]:
         """Sample the active params. `only` limits sampling to those names (the baseline samples only
-        enqueued values, so it records exactly what it ran)."""
+        enqueued values, so it records exactly what it ran). A param left out of `only` is not sent, so
+        the server runs it at its default: that default, not its absence, decides whether a param that
+        depends on it is active (an enqueued long-prefill threshold alone runs with chunked prefill on,
+        vLLM's default, instead of vanishing into the engine's defaults)."""
         chosen: dict[str, Any] = {}
+        seen: dict[str, Any] = {}          # what the server runs with: chosen, or the default of one not sent
         for p in self._ordered():
-            if only is not None and p.name not in only:
+            if not self._active(p, seen):
                 continue
-            if self._active(p, chosen):
-                chosen[p.name] = p.suggest(trial)
+            if only is not None and p.name not in only:
+                if p.default is not None:
+                    seen[p.name] = p.default
+                continue
+            chosen[p.name] = seen[p.name] = p.suggest(trial)
         return chosen
+
+    def inactive(self, candidate: Mapping[str, Any]) -> list[str]:
+        """Params of a given candidate that its other values (or the defaults of those it leaves out)
+        switch off: such a value would never be sent, so an `enqueue:` holding one is refused."""
+        seen: dict[str, Any] = {}
+        off: list[str] = []
+        for p in self._ordered():
+            active = self._active(p, seen)
+            if p.name in candidate:
+                if active:
+                    seen[p.name] = candidate[p.name]
+                else:
+                    off.append(f"{p.name} applies only when " + " and ".join(
+                        f"{parent} is one of {list(allowed)}" for parent, allowed in p.when.items()))
+            elif active and p.default is not None:
+                seen[p.name] = p.default
+        return off
 
     def baseline_params(self) -> dict[str, Any]:
         """vLLM's own defaults where the space knows them (inactive conditionals left out)."""

@@ -179,6 +179,9 @@ def prepare_spec(raw: dict[str, Any], source: str, base_dir: Path | None) -> dic
                 raise UserError(f"enqueue[{i}]: {k!r} is not a parameter of the search space")
             if not space.params[k].contains(v):
                 raise UserError(f"enqueue[{i}]: {k}={v!r} is outside the search space")
+        off = space.inactive(cand)
+        if off:
+            raise UserError(f"enqueue[{i}]: {off[0]}")
     if storage_exists(spec.storage_url):
         existing = ResultStore(spec.storage_url, create=False).study(spec.name)
         if existing is not None and existing.space_hash != space.fingerprint():

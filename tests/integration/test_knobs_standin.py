@@ -80,6 +80,18 @@ def test_knobs_the_engine_lacks_are_dropped_with_a_notice_and_never_sent(tmp_pat
     bad = _spec(tmp_path, demo_model_dir, enqueue=[{"speculative_config": "ngram-3"}], name="knobs2")
     assert main(["run", "--study", str(bad), "--n-trials", "1", "--no-progress"]) == 2
     assert "enqueue[0]: 'speculative_config' is not a parameter of the search space" in capsys.readouterr().err
+    # ... and so is one whose value its own other values switch off (it would never be sent)
+    # (a space of its own: this stand-in lacks the long-prefill threshold, the default space's case)
+    before = len(_trials(tmp_path))
+    off = _spec(tmp_path, demo_model_dir, name="knobs3",
+                search_space={"params": {"enable_chunked_prefill": {"type": "bool", "default": True},
+                                         "max_num_seqs": {"type": "int", "low": 2, "high": 16,
+                                                          "when": {"enable_chunked_prefill": [True]}}}},
+                enqueue=[{"enable_chunked_prefill": False, "max_num_seqs": 4}])
+    assert main(["run", "--study", str(off), "--n-trials", "1", "--no-progress"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "autotune: error: enqueue[0]: max_num_seqs applies only when enable_chunked_prefill is one of [True]")
+    assert len(_trials(tmp_path)) == before          # nothing written, nothing launched
 
 
 def test_an_env_knob_and_opted_in_speculative_decoding_reach_the_server_the_db_and_show(

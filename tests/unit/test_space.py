@@ -52,6 +52,31 @@ def test_conditional_param_sampled_only_when_active():
     assert seen_tp == {1, 2, 4}
 
 
+def test_an_enqueued_conditional_knob_runs_under_its_parents_default():
+    """An enqueued candidate that names a conditional knob but not its parent (the H200 long-prompt
+    study's `{long_prefill_token_threshold: 512}`) ran the engine's defaults: the parent, never sampled,
+    read as absent and switched the knob off. The parent left out runs at its default, which decides."""
+    space = SearchSpace.from_mapping({"params": {
+        "enable_chunked_prefill": {"type": "bool", "default": True},
+        "long_prefill_token_threshold": {"type": "categorical", "choices": [0, 512, 1024], "default": 0,
+                                         "when": {"enable_chunked_prefill": [True]}},
+        "tensor_parallel_size": {"type": "categorical", "choices": [1, 2], "default": 1},
+        "enable_expert_parallel": {"type": "bool", "default": False, "when": {"tensor_parallel_size": [2]}}}},
+        "t")
+    study = optuna.create_study()
+    study.enqueue_trial({"long_prefill_token_threshold": 512})
+    trial = study.ask()
+    assert space.suggest(trial, only=["long_prefill_token_threshold"]) == {"long_prefill_token_threshold": 512}
+    assert space.render({"long_prefill_token_threshold": 512}) == ["--long-prefill-token-threshold", "512"]
+    assert space.inactive({"long_prefill_token_threshold": 512}) == []
+    # a value its own candidate (or a parent's default) switches off would never be sent: refused
+    assert space.inactive({"enable_chunked_prefill": False, "long_prefill_token_threshold": 512}) == [
+        "long_prefill_token_threshold applies only when enable_chunked_prefill is one of [True]"]
+    assert space.inactive({"enable_expert_parallel": True}) == [
+        "enable_expert_parallel applies only when tensor_parallel_size is one of [2]"]
+    assert space.inactive({"tensor_parallel_size": 2, "enable_expert_parallel": True}) == []
+
+
 def test_baseline_params_are_known_defaults_only():
     space = SearchSpace.from_mapping(SPACE, "t").narrowed(1, False)
     assert space.baseline_params() == {"max_num_seqs": 256, "gpu_memory_utilization": 0.9,

@@ -36,7 +36,8 @@ go() {   # go STUDY TAG: the study (n_trials from its spec, then the confirmatio
 }
 
 collect() {   # collect STUDY: what RESULTS.md quotes (no GPU needed)
-  local study=$1 url="sqlite:///$D/$study.db"
+  local study=$1
+  local url="sqlite:///$D/$study.db"     # (one `local` expands every word before it assigns any)
   python3 -m autotune show --storage "$url" > "$OUT/show-$study.txt" 2>&1
   python3 -m autotune show --storage "$url" --json > "$OUT/show-$study.json" 2>&1
   python3 -m autotune report --storage "$url" -o "$OUT/report-$study.html"

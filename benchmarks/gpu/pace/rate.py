@@ -40,6 +40,7 @@ def rows(path: str) -> list[dict]:
             d["phases"] = start.get("phases") if isinstance(start, dict) else None
             cap = json.loads(d["capacity"]) if d["capacity"] else {}
             d["steps"] = len(cap.get("steps", [])) if isinstance(cap, dict) else 0
+            d["broken"] = sum(not st.get("slo_met") for st in cap.get("steps", [])) if isinstance(cap, dict) else 0
             d["cap"] = cap.get("capacity") if isinstance(cap, dict) else None
             out.append(d)
         return out
@@ -59,35 +60,37 @@ def summary(arg: str) -> dict:
             "median_wall_ok": median(r["wall"] for r in ok),
             "median_startup_ok": median(r["startup_seconds"] for r in ok),
             "median_load_ok": median(r["wall"] - r["startup_seconds"] for r in ok),
-            "median_steps_ok": median(r["steps"] for r in ok), "rows": rs}
+            "median_steps_ok": median(r["steps"] for r in ok),
+            "median_broken_ok": median(r["broken"] for r in ok), "rows": rs}
 
 
 def main() -> None:
     sums = [summary(p) for p in sys.argv[1:]]
     print("| study DB[:extra s] | trials | launched | measured | not launched | GPU s (launched walls + extra) | launched / GPU-h "
-          "| measured / GPU-h | median wall s (measured) | median startup s | median load s | median steps |")
-    print("|---|" + "---|" * 11)
+          "| measured / GPU-h | median wall s (measured) | median startup s | median load s | median steps "
+          "| median broken steps |")
+    print("|---|" + "---|" * 12)
     for s in sums:
         print(f"| {s['db']} | {s['trials']} | {s['launched']} ({s['interrupted']} interrupted, "
               f"{s['early_stopped']} early-stopped) | {s['measured']} "
               f"| {s['not_launched']} | {s['gpu_s']:.0f} | {s['launched_per_h']:.1f} | {s['measured_per_h']:.1f} "
               f"| {s['median_wall_ok']:.0f} | {s['median_startup_ok']:.0f} | {s['median_load_ok']:.0f} "
-              f"| {s['median_steps_ok']:g} |")
+              f"| {s['median_steps_ok']:g} | {s['median_broken_ok']:g} |")
     if len(sums) == 2:
         a, b = sums
         print(f"\nafter / before: launched per GPU-h x{b['launched_per_h'] / a['launched_per_h']:.2f}, "
               f"measured per GPU-h x{b['measured_per_h'] / a['measured_per_h']:.2f}")
     for s in sums:
         print(f"\n{s['db'].partition(':')[0]}: per trial")
-        print("| # | role | state | cause | wall s | startup s | load s | steps | capacity | "
+        print("| # | role | state | cause | wall s | startup s | load s | steps | broken | capacity | "
               "process_imports | weights | compile | kv_profiling | cuda_graphs | other |")
-        print("|---|" + "---|" * 14)
+        print("|---|" + "---|" * 15)
         for r in s["rows"]:
             ph = r["phases"] or {}
             load = r["wall"] - r["startup_seconds"] if r["wall"] is not None and r["startup_seconds"] else None
             cells = [r["number"], r["role"], r["state"], r["cause"] or "", f"{r['wall']:.0f}" if r["wall"] is not None else "",
                      f"{r['startup_seconds']:.0f}" if r["startup_seconds"] else "", f"{load:.0f}" if load is not None else "",
-                     r["steps"] or "", f"{r['cap']:g}" if r["cap"] else "",
+                     r["steps"] or "", r["broken"] if r["steps"] else "", f"{r['cap']:g}" if r["cap"] else "",
                      *(f"{ph[k]:g}" if k in ph else "-" for k in ("process_imports", "weights", "compile",
                                                                   "kv_profiling", "cuda_graphs", "other"))]
             print("| " + " | ".join(str(c) for c in cells) + " |")

@@ -135,8 +135,9 @@ async def find_capacity(base_url: str, model: str, workload: Workload, slo: SLO,
     trials measured: the search starts at its met end instead of the probe at one stream, and a pass there
     aims next at its broken end. On the H200 the probe and the step after it took 30 s of a trial's 77 s
     of load, measuring loads far below a capacity every trial of the study shared. A first step that
-    breaks the SLO falls back to the probe, so a wrong hint costs one step, not the answer: the result is
-    still the highest met and lowest broken load the steps found.
+    breaks the SLO is followed by one at 3/4 of it and, when that breaks too, by the probe
+    (step_choice.step_plan), so a wrong hint costs one or two steps cut short, not the answer: the result
+    is still the highest met and lowest broken load the steps found.
     `limits` (the server's max-num-seqs and logged KV-cache size) and what each met step measured bound
     the next step's growth (step_bounds.py), so a long-prompt search does not leap past a knee."""
     if search not in ("concurrency", "rate", "time_scale"):

@@ -24,6 +24,7 @@ FINAL_SHAVE = 0.01         # the last step aims this much below the estimated cr
 GUARD = 0.1                # fraction of the bracket kept clear at each end
 DEFAULT_MAX_BRACKET = 0.25 # a capacity known only within +-25 % cannot rank configs that differ by 5 %
 DEFAULT_REFINE_STEPS = 2   # extra steps a wide bracket may spend before the trial is flagged instead
+BELOW_HINT = 0.75          # after a hinted first step breaks, the next aims this far below it (then the probe)
 
 
 class StepSearch:
@@ -143,18 +144,32 @@ class StepSearch:
 
 def step_plan(search: StepSearch, first: float, *, probe: bool, max_steps: int, refine_steps: int = DEFAULT_REFINE_STEPS,
               max_bracket: float = DEFAULT_MAX_BRACKET, check: float | None = None,
-              should_stop: Callable[[], bool] | None = None) -> Generator[tuple[float, bool], bool, None]:
+              should_stop: Callable[[], bool] | None = None,
+              below_hint: float | None = BELOW_HINT) -> Generator[tuple[float, bool], bool, None]:
     """The loads to measure, in order, as (load, is the probe). The caller measures each, adds it to
     `search` and sends back whether it met the SLO. `first` is the start (a hint's met end when
-    `search.hinted`; a hinted first step that breaks is followed by the probe); then up to `max_steps` in
-    all while `search` has a next load and `should_stop()` (early stopping) is False; then up to
-    `refine_steps` while the bracket is wider than `max_bracket`; then `check`, a load whose pass or fail
-    must be settled, when it lies strictly inside the bracket."""
+    `search.hinted`); a hinted first step that breaks is followed by one `below_hint` of it and, when that
+    breaks too, by the probe. Then up to `max_steps` in all while `search` has a next load and
+    `should_stop()` (early stopping) is False; then up to `refine_steps` while the bracket is wider than
+    `max_bracket`; then `check`, a load whose pass or fail must be settled, when it lies strictly inside
+    the bracket.
+
+    Why a step down before the probe: a study's candidates mostly land near its earlier capacities, so one
+    that breaks at the hint is usually a little below it. On the H200 (benchmarks/gpu/knobs) two trials
+    broke at 29 and 26 streams and measured 23 and 21; from the probe at one stream the bracket (1, hint)
+    took 5 more full steps to close, where a met step at 3/4 of the hint leaves (3/4, 1) of it. A
+    candidate far below costs one more step, cut short like the first. `below_hint=None`: the probe at once
+    (the search before; benchmarks/search/steps.py compares the two)."""
     met = yield first, probe
     taken = 1
     if search.hinted and not met and max_steps > 2:
-        yield 1.0, True     # the hint was above this candidate's capacity: probe as without one
-        taken += 1
+        down = _below(first, below_hint, search.integer) if max_steps > 3 else None
+        if down is not None:
+            met = yield down, False
+            taken += 1
+        if not met:
+            yield 1.0, True     # the hint was far above this candidate's capacity: probe as without one
+            taken += 1
     while taken < max_steps:
         nxt = search.next_load(final=taken == max_steps - 1)
         if nxt is None or (should_stop is not None and should_stop()):   # search hook: tuner/earlystop.py
@@ -172,6 +187,17 @@ def step_plan(search: StepSearch, first: float, *, probe: bool, max_steps: int, 
         x = float(int(check)) if search.integer else float(check)
         if lo[0] < x <= search.upper and (hi is None or x < hi[0]):
             yield x, False
+
+
+def _below(first: float, factor: float | None, integer: bool) -> float | None:
+    """The load a step below a broken hinted start measures; None where only the probe is left below."""
+    if factor is None:
+        return None
+    if integer:
+        x = float(int(first * factor))
+        return x if 1 < x < first else None
+    x = float(f"{first * factor:.3g}")
+    return x if 0 < x < first else None
 
 
 def is_wide(bracket: tuple[tuple[float, float] | None, tuple[float, float] | None], integer: bool,

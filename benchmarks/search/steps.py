@@ -6,6 +6,11 @@ before), with the same 5 % measurement noise and seed, from the probe (a study's
 hint a study's second trial gets (the baseline's bracket, capped at the candidate's max-num-seqs).
 
     .venv/bin/python benchmarks/search/steps.py [--json benchmarks/search/steps.json]
+    .venv/bin/python benchmarks/search/steps.py --hint-fallback   # -> steps-hint-down.json
+
+`--hint-fallback` compares instead, from the hint and with the evidence-bounded growth, what follows a
+hinted first step that breaks: the probe at once (before) or a step at 3/4 of the hint first (after,
+`step_choice.BELOW_HINT`).
 
 Per row: trials searched; steps and broken steps per trial (median, mean, share with at most two broken);
 load seconds per trial by the H200 cost model (cost.py: probe, full step, step cut short); the capacity
@@ -33,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from autotune.bench.capacity import study_hint  # noqa: E402
-from autotune.bench.step_choice import is_wide  # noqa: E402
+from autotune.bench.step_choice import BELOW_HINT, is_wide  # noqa: E402
 from cost import fit  # noqa: E402
 from landscape import load  # noqa: E402
 from scenarios import SCENARIOS  # noqa: E402
@@ -73,19 +78,24 @@ def summarize(trials: list[tuple[Trial, int | None]], cost: Any) -> dict[str, An
             "no_truth": sum(1 for _, tr in trials if not tr)}
 
 
-def run_case(name: str, scenario: str, slo: str | None, cost: Any) -> dict[str, Any]:
+def run_case(name: str, scenario: str, slo: str | None, cost: Any, hint_fallback: bool = False) -> dict[str, Any]:
     land = Landscape(load(scenario), SCENARIOS[scenario], slo)
     points = [p for p in land.points.values() if p["start"] == "ok" and not land.cotenant_refuses(p["params"])]
     out: dict[str, Any] = {"slo": str(land.slo), "points": len(points)}
-    for start in ("probe", "hinted"):
-        for evidence in (False, True):
-            base = land.run(land.space.baseline_params(), random.Random(1), evidence=evidence)
-            trials = []
-            for i, p in enumerate(points):
-                seqs = p["params"].get("max_num_seqs")
-                hint = study_hint([base.bracket], seqs if isinstance(seqs, int) else None) if start == "hinted" else None
-                trials.append((land.run(p["params"], random.Random(i), hint=hint, evidence=evidence), truth(land, p)))
-            out[f"{start}, {'after' if evidence else 'before'}"] = summarize(trials, cost)
+    # (start, evidence, below_hint, row's search label)
+    variants = ([("hinted", True, None, "probe at once"), ("hinted", True, BELOW_HINT, "3/4 of the hint first")]
+                if hint_fallback else
+                [(start, evidence, BELOW_HINT, "after" if evidence else "before")
+                 for start in ("probe", "hinted") for evidence in (False, True)])
+    for start, evidence, below, label in variants:
+        base = land.run(land.space.baseline_params(), random.Random(1), evidence=evidence)
+        trials = []
+        for i, p in enumerate(points):
+            seqs = p["params"].get("max_num_seqs")
+            hint = study_hint([base.bracket], seqs if isinstance(seqs, int) else None) if start == "hinted" else None
+            trials.append((land.run(p["params"], random.Random(i), hint=hint, evidence=evidence, below_hint=below),
+                           truth(land, p)))
+        out[f"{start}, {label}"] = summarize(trials, cost)
     return out
 
 
@@ -107,8 +117,11 @@ def markdown(doc: dict[str, Any]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--json", default=str(Path(__file__).resolve().parent / "steps.json"))
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--hint-fallback", action="store_true")
     args = ap.parse_args()
+    args.json = args.json or str(Path(__file__).resolve().parent
+                                 / ("steps-hint-down.json" if args.hint_fallback else "steps.json"))
     cost = fit()
     t0 = time.time()
     doc: dict[str, Any] = {"command": " ".join(["benchmarks/search/steps.py", *sys.argv[1:]]), "simulated": True,
@@ -116,7 +129,7 @@ def main() -> None:
                            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                            "cost_model": vars(cost), "cases": {}}
     for name, scenario, slo in CASES:
-        doc["cases"][name] = run_case(name, scenario, slo, cost)
+        doc["cases"][name] = run_case(name, scenario, slo, cost, args.hint_fallback)
         print(f"{name}: {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
     Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
     print(markdown(doc))

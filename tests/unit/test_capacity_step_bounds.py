@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import pytest
 
 from autotune.bench.step_bounds import ServerLimits, StepEvidence, ceiling
-from autotune.bench.step_choice import MARGIN_CAP, StepSearch, is_wide, step_plan
+from autotune.bench.step_choice import BELOW_HINT, MARGIN_CAP, StepSearch, is_wide, step_plan
 
 CUT = 0.5      # a step this far over a limit is cut short (bench/abort.py ends such a step within a wave)
 
@@ -72,11 +72,12 @@ def margin(ev: StepEvidence) -> float:
 
 
 def search(server, limits: ServerLimits | None, *, evidence: bool = True,
-           hint: tuple[float, float | None] | None = None, max_steps: int = 6) -> tuple[list[tuple[int, bool]], StepSearch]:
+           hint: tuple[float, float | None] | None = None, max_steps: int = 6,
+           below_hint: float | None = BELOW_HINT) -> tuple[list[tuple[int, bool]], StepSearch]:
     """The steps find_capacity takes (step_plan), each measured on the stand-in."""
     s = StepSearch(True, 1024.0, 0.03, hinted=hint is not None, expect_broken=hint[1] if hint else None,
                    limits=limits)
-    plan = step_plan(s, hint[0] if hint else 1.0, probe=hint is None, max_steps=max_steps)
+    plan = step_plan(s, hint[0] if hint else 1.0, probe=hint is None, max_steps=max_steps, below_hint=below_hint)
     load, _ = next(plan)
     steps: list[tuple[int, bool]] = []
     while True:
@@ -143,6 +144,31 @@ def test_short_prompt_searches_keep_their_answer_and_bracket(truth, hinted):
     assert truth * 0.97 <= new.bracket()[0][0] <= truth                        # ... within the 3 % tolerance
     assert not is_wide(new.bracket(), True, 1024.0, 0.25)
     assert len(after) <= len(before) and broken(after) <= broken(before)
+
+
+@pytest.mark.parametrize("truth, hint", [(23, 29), (21, 26), (40, 48)])
+def test_a_hint_a_little_above_the_capacity_steps_down_instead_of_probing(truth, hint):
+    # the H200 long-prompt study's trials 2 and 3: the hint broke at 29 and 26, the capacities were 23 and
+    # 21, and the probe's climb from one stream took 5 more steps
+    server, limits = ShortPrompts(truth), ServerLimits(max_seqs=1024, kv_tokens=10**7)
+    before, old = search(server, limits, hint=(hint, None), below_hint=None)
+    after, new = search(server, limits, hint=(hint, None))
+    assert before[:2] == [(hint, False), (1, True)]                          # the search before: the probe
+    assert after[:2] == [(hint, False), (int(hint * 0.75), True)] and all(x != 1 for x, _ in after)
+    assert truth * 0.97 <= new.bracket()[0][0] <= truth and not is_wide(new.bracket(), True, 1024.0, 0.25)
+    assert len(after) <= len(before) and broken(after) <= broken(before)
+    if hint / truth > 1.22:     # the H200's two: one step fewer besides the probe (here the probe's climb
+        assert len(after) < len(before)     # extrapolates well; on the H200 the cut-short break made it bisect)
+
+
+def test_a_hint_far_above_the_capacity_costs_one_more_step_then_probes():
+    server, limits = ShortPrompts(12), ServerLimits(max_seqs=1024, kv_tokens=10**7)
+    after, new = search(server, limits, hint=(48, None))
+    assert after[:3] == [(48, False), (36, False), (1, True)]
+    assert 12 * 0.97 <= new.bracket()[0][0] <= 12
+    # too few steps for both: the probe at once, as before (a search must measure below a broken start)
+    short, _ = search(server, limits, hint=(48, None), max_steps=3)
+    assert short[:2] == [(48, False), (1, True)]
 
 
 def test_an_slo_without_a_wait_term_sets_no_bound():

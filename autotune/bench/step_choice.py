@@ -149,7 +149,8 @@ def step_plan(search: StepSearch, first: float, *, probe: bool, max_steps: int, 
     """The loads to measure, in order, as (load, is the probe). The caller measures each, adds it to
     `search` and sends back whether it met the SLO. `first` is the start (a hint's met end when
     `search.hinted`); a hinted first step that breaks is followed by one `below_hint` of it and, when that
-    breaks too, by the probe. Then up to `max_steps` in all while `search` has a next load and
+    breaks too, by the probe (the step below then counts against no budget: a search whose hint was far
+    off keeps every step it had before). Then up to `max_steps` in all while `search` has a next load and
     `should_stop()` (early stopping) is False; then up to `refine_steps` while the bracket is wider than
     `max_bracket`; then `check`, a load whose pass or fail must be settled, when it lies strictly inside
     the bracket.
@@ -158,16 +159,18 @@ def step_plan(search: StepSearch, first: float, *, probe: bool, max_steps: int, 
     that breaks at the hint is usually a little below it. On the H200 (benchmarks/gpu/knobs) two trials
     broke at 29 and 26 streams and measured 23 and 21; from the probe at one stream the bracket (1, hint)
     took 5 more full steps to close, where a met step at 3/4 of the hint leaves (3/4, 1) of it. A
-    candidate far below costs one more step, cut short like the first. `below_hint=None`: the probe at once
-    (the search before; benchmarks/search/steps.py compares the two)."""
+    candidate far below costs one more step, cut short like the first, and not one of its budget (a
+    confirmation repeat with 4 steps that lost one to it read a plateau's tokens/s at half). `below_hint=None`:
+    the probe at once (the search before; benchmarks/search/steps.py compares the two)."""
     met = yield first, probe
     taken = 1
     if search.hinted and not met and max_steps > 2:
-        down = _below(first, below_hint, search.integer) if max_steps > 3 else None
+        down = _below(first, below_hint, search.integer)
         if down is not None:
             met = yield down, False
-            taken += 1
-        if not met:
+        if met:
+            taken += 1          # the step below took the probe's place
+        else:
             yield 1.0, True     # the hint was far above this candidate's capacity: probe as without one
             taken += 1
     while taken < max_steps:

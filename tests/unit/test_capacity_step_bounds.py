@@ -164,11 +164,17 @@ def test_a_hint_a_little_above_the_capacity_steps_down_instead_of_probing(truth,
 def test_a_hint_far_above_the_capacity_costs_one_more_step_then_probes():
     server, limits = ShortPrompts(12), ServerLimits(max_seqs=1024, kv_tokens=10**7)
     after, new = search(server, limits, hint=(48, None))
+    before, old = search(server, limits, hint=(48, None), below_hint=None)
     assert after[:3] == [(48, False), (36, False), (1, True)]
     assert 12 * 0.97 <= new.bracket()[0][0] <= 12
-    # too few steps for both: the probe at once, as before (a search must measure below a broken start)
-    short, _ = search(server, limits, hint=(48, None), max_steps=3)
-    assert short[:2] == [(48, False), (1, True)]
+    # the step below costs none of the budget: as many steps after it as the search before took, the
+    # same answer (the broken end at 36, not 48, moves the aims a little)
+    assert len(after) == len(before) + 1 and new.bracket()[0][0] == old.bracket()[0][0]
+    for max_steps in (3, 4):
+        short, s_new = search(server, limits, hint=(48, None), max_steps=max_steps)
+        short_before, s_old = search(server, limits, hint=(48, None), max_steps=max_steps, below_hint=None)
+        assert short[:3] == [(48, False), (36, False), (1, True)]
+        assert s_new.bracket()[0][0] == s_old.bracket()[0][0] == 12        # a tight budget keeps its answer
 
 
 def test_an_slo_without_a_wait_term_sets_no_bound():

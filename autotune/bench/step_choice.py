@@ -168,11 +168,9 @@ def step_plan(search: StepSearch, first: float, *, probe: bool, max_steps: int, 
         down = _below(first, below_hint, search.integer)
         if down is not None:
             met = yield down, False
-        if met:
-            taken += 1          # the step below took the probe's place
-        else:
-            yield 1.0, True     # the hint was far above this candidate's capacity: probe as without one
-            taken += 1
+        if not met:             # the hint was far above this candidate's capacity: probe as without one
+            yield 1.0, True
+        taken += 1              # the met step below, or the probe: a broken step below is not counted
     while taken < max_steps:
         nxt = search.next_load(final=taken == max_steps - 1)
         if nxt is None or (should_stop is not None and should_stop()):   # search hook: tuner/earlystop.py

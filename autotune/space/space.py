@@ -15,7 +15,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Collection, Iterator, Mapping, Sequence
 
 import optuna
 import yaml
@@ -198,15 +198,10 @@ class SearchSpace:
         depends on it is active (an enqueued long-prefill threshold alone runs with chunked prefill on,
         vLLM's default, instead of vanishing into the engine's defaults)."""
         chosen: dict[str, Any] = {}
-        seen: dict[str, Any] = {}          # what the server runs with: chosen, or the default of one not sent
-        for p in self._ordered():
-            if not self._active(p, seen):
-                continue
-            if only is not None and p.name not in only:
-                if p.default is not None:
-                    seen[p.name] = p.default
-                continue
-            chosen[p.name] = seen[p.name] = p.suggest(trial)
+        seen: dict[str, Any] = {}
+        for p, active in self._walk(only, seen):
+            if active:
+                chosen[p.name] = seen[p.name] = p.suggest(trial)
         return chosen
 
     def inactive(self, candidate: Mapping[str, Any]) -> list[str]:
@@ -214,17 +209,25 @@ class SearchSpace:
         switch off: such a value would never be sent, so an `enqueue:` holding one is refused."""
         seen: dict[str, Any] = {}
         off: list[str] = []
+        for p, active in self._walk(candidate, seen):
+            if active:
+                seen[p.name] = candidate[p.name]
+            else:
+                off.append(f"{p.name} applies only when " + " and ".join(
+                    f"{parent} is one of {list(allowed)}" for parent, allowed in p.when.items()))
+        return off
+
+    def _walk(self, given: Collection[str] | None, seen: dict[str, Any]) -> Iterator[tuple[ParamSpec, bool]]:
+        """The `given` params (every one when None), parents first, each with whether it is active under
+        `seen`: what the server runs with, where the caller records each given value and a param not
+        given enters at its default (not sent, so the server runs that)."""
         for p in self._ordered():
             active = self._active(p, seen)
-            if p.name in candidate:
-                if active:
-                    seen[p.name] = candidate[p.name]
-                else:
-                    off.append(f"{p.name} applies only when " + " and ".join(
-                        f"{parent} is one of {list(allowed)}" for parent, allowed in p.when.items()))
-            elif active and p.default is not None:
-                seen[p.name] = p.default
-        return off
+            if given is not None and p.name not in given:
+                if active and p.default is not None:
+                    seen[p.name] = p.default
+                continue
+            yield p, active
 
     def baseline_params(self) -> dict[str, Any]:
         """vLLM's own defaults where the space knows them (inactive conditionals left out)."""

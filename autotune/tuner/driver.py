@@ -29,6 +29,7 @@ from optuna.trial import TrialState
 from sqlalchemy.exc import OperationalError
 
 from autotune import causes
+from autotune.bench.measurement_flags import OVERLAPPED
 from autotune.node.heartbeat import Heartbeats
 from autotune.node.pool import Lease, host_name
 from autotune.engine.base import Engine
@@ -49,7 +50,7 @@ from autotune.tuner import search_hooks
 from autotune.tuner.policy import counted
 from autotune.tuner.progress import Progress
 from autotune.tuner.sharing import (ask_baseline_first, claim, dead_owner_servers, first_to_create, gpu_model,
-                                    identity_conflict, make_sampler, overlapping)
+                                    identity_conflict, make_sampler, missed_by, overlapping)
 from autotune.tuner.budget import AfterBudget, BudgetStep
 from autotune.tuner.trial import Phase, TrialOutcome, TrialRunner, outcome_evidence
 from autotune.tuner.workload_profile import store_workload_profile
@@ -503,7 +504,7 @@ class StudyDriver:
                     self._requeue(job.params, job.role, job.number,
                                   **({"after_worker_died": True} if cause == causes.WORKER_DIED else {}))
                 self.store.save_trial(self.record.id, job.number, state=state, cause=cause,
-                                      detail=detail or f"stopped by {reason}; parameters re-queued", finished_at=utcnow(),
+                                      detail=detail or f"stopped by {reason}; parameters re-queued",
                                       **(evidence or {}), **self._overlap_fields(job))
                 self.progress.trial_finished(job.number, job.role, state, None,
                                              reason if cause == causes.INTERRUPTED else f"{cause}: {reason}")
@@ -520,9 +521,17 @@ class StudyDriver:
             return True
 
     def _overlap_fields(self, job: TrialJob) -> dict[str, Any]:
-        """The trials of this study (any process) whose run overlapped ours, and the measurement flag."""
-        overlapped = overlapping(self.store.trials(self.record.id), job.number, job.started_at or utcnow(), utcnow())
-        return {"overlapped": overlapped, "measurement_flags": ["overlapped"] if overlapped else []}
+        """The trials of this study (any process) whose run overlapped ours, the measurement flag, and the
+        finish time the relation was computed with (written as ours, so that a trial leased after it
+        cannot see us as still running); an earlier finisher that missed us gets us added."""
+        records = self.store.trials(self.record.id)
+        end = utcnow()
+        overlapped = overlapping(records, job.number, job.started_at or end, end)
+        flags = {r.number: r.measurement_flags or [] for r in records}
+        for number, mutual in missed_by(records, job.number, overlapped).items():
+            self.store.save_trial(self.record.id, number, overlapped=mutual,
+                                  measurement_flags=sorted({*flags[number], OVERLAPPED}))
+        return {"overlapped": overlapped, "measurement_flags": [OVERLAPPED] if overlapped else [], "finished_at": end}
 
     def _tell(self, job: TrialJob, outcome: TrialOutcome, lease: Lease | None) -> None:
         trial = job.trial
@@ -559,8 +568,7 @@ class StudyDriver:
         # trial RUNNING in Optuna and 'running' in our table, which recovery re-queues; a process killed
         # between the two leaves a saved row, which recovery tells Optuna from (_tell_from_evidence).
         self.store.save_trial(self.record.id, job.number, objectives=measured, constraints=constraints,
-                              finished_at=utcnow(), identity=self.identity, measurement_flags=flags,
-                              **overlap, **evidence)
+                              identity=self.identity, measurement_flags=flags, **overlap, **evidence)
         try:
             self._tell_optuna(trial, constraints, outcome.cause, told)
         except (UpdateFinishedTrialError, ValueError, RuntimeError):

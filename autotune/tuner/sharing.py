@@ -129,13 +129,25 @@ def dead_owner_servers(records: Sequence[ProcessRecord], host: str, own_running:
 
 
 def overlapping(records: Sequence[TrialRecord], number: int, start: dt.datetime, end: dt.datetime) -> list[int]:
-    """Trials (any process) that ran between start and end, besides `number`; candidates rejected by a
-    free check never ran a server and do not count."""
+    """Trials (any process) that ran between start and end, besides `number`. Only a row with a lease ran a
+    server: a trial that was asked but still waits for a slot, or was rejected before launch, does not
+    count (its row's start is the ask, rewritten when it is leased)."""
     out = []
     for rec in records:
-        if rec.number == number or rec.cause in (causes.CONSTRAINT, causes.PREDICTED_OOM):
+        if rec.number == number or rec.lease is None or rec.cause in (causes.CONSTRAINT, causes.PREDICTED_OOM):
             continue
         if rec.started_at is not None and rec.started_at < end and (rec.finished_at is None
                                                                    or rec.finished_at > start):
             out.append(rec.number)
+    return out
+
+
+def missed_by(records: Sequence[TrialRecord], number: int, overlapped: Sequence[int]) -> dict[int, list[int]]:
+    """Finished trials that overlapped `number` but do not list it, with their corrected lists. A trial
+    that finished while `number`'s start was being written (another thread or process) could not see it;
+    the later finisher writes both sides, so the relation stays mutual."""
+    out = {}
+    for rec in records:
+        if rec.number in overlapped and rec.finished_at is not None and number not in (rec.overlapped or []):
+            out[rec.number] = sorted({*(rec.overlapped or []), number})
     return out

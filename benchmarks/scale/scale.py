@@ -32,6 +32,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+import psutil  # noqa: E402
 from sqlalchemy import create_engine, text  # noqa: E402
 
 from autotune.daemon.queue import StudyQueue  # noqa: E402
@@ -66,6 +67,9 @@ def run_config(pg: ThrowawayPostgres, label: str, pools: list[list[int]], n_tria
                 raise RuntimeError(f"{label}: the study did not finish (see {workdir}/{label}-daemon*.log)")
             time.sleep(1)
     finally:
+        # the daemon process's own CPU (scheduler, trial threads, store, heartbeats; not its workers or servers)
+        daemon_cpu = [_cpu_s(p.pid) for p in procs]
+        daemon_wall = time.monotonic() - (end - timeout_s)
         for p in procs:
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
@@ -73,7 +77,7 @@ def run_config(pg: ThrowawayPostgres, label: str, pools: list[list[int]], n_tria
     eng = create_engine(url)
     with eng.connect() as conn:
         rows = conn.execute(text("select number, state, cause, host, started_at, finished_at, client, "
-                                 "measurement_flags, capacity from autotune_trials")).all()
+                                 "measurement_flags, capacity, startup_seconds from autotune_trials")).all()
     eng.dispose()
     # finished trials (a failed one whose measurement worker died was re-queued and is not one of them)
     done = [r for r in rows if r.state in FINISHED and r.finished_at is not None and r.cause != "worker_died"]
@@ -94,12 +98,24 @@ def run_config(pg: ThrowawayPostgres, label: str, pools: list[list[int]], n_tria
     first, last = min(r.started_at for r in done), max(r.finished_at for r in done)
     window = (last - first).total_seconds()
     walls = [(r.finished_at - r.started_at).total_seconds() for r in done]
+    phases = [_phases(r) for r in done if r.startup_seconds is not None and _json(r.client).get("wall_s") is not None]
     return {"label": label, "daemons": len(pools), "slots": sum(len(p) for p in pools), "n_trials": n_trials,
             "finished": len(done), "rejected_unlaunched": len(unlaunched), "early_stopped": early, "accounted": len(done) + early == n_trials,
             "interrupted": sum(r.state == "interrupted" for r in rows), "other_rows": dict(rest),
             "by_host": {h: sum(r.host == h for r in done) for h in sorted({r.host for r in done})},
             "window_s": round(window, 1), "trials_per_hour": round(len(done) / window * 3600, 1),
-            # from the ask to the tell: a trial asked ahead waits for its slot inside this figure
+            # how full the slots were over the window (lease-to-finish seconds / slot seconds): what a ramp,
+            # a drain or a wait between trials costs the rate, apart from how long each trial took
+            "slot_busy_share": round(sum(walls) / (window * sum(len(p) for p in pools)), 3),
+            "mean_trial_wall_s": round(statistics.fmean(walls), 2),
+            # where a trial's wall goes: its server's start, its load (the worker's measured span), and the
+            # rest (spawning the worker, stopping the server, the tell and the writes)
+            "phases_mean_s": {k: round(statistics.fmean(p[k] for p in phases), 2) for k in ("startup", "load", "rest")}
+            if phases else None,
+            "trials": [{"number": r.number, "host": r.host, "start_s": round((r.started_at - first).total_seconds(), 2),
+                        "wall_s": round((r.finished_at - r.started_at).total_seconds(), 2)}
+                       for r in sorted(done, key=lambda r: r.started_at)],
+            # from the lease to the tell (a trial's start is rewritten when it gets its slot)
             "median_ask_to_finish_s": round(statistics.median(walls), 2),
             # each measured trial's load client (its worker process): CPU seconds / wall seconds, of one core
             "client_cpu_share": {"median": _median(shares.values()),
@@ -107,6 +123,7 @@ def run_config(pg: ThrowawayPostgres, label: str, pools: list[list[int]], n_tria
                                  "per_trial": dict(sorted(shares.items()))},
             "client_saturated": len(saturated), "client_saturated_trials": saturated,
             "client_saturated_notes": notes,
+            "daemon_cpu_share": [round(c / daemon_wall, 3) if c is not None else None for c in daemon_cpu],
             "loadavg_before": [round(x, 2) for x in load_before],
             "loadavg_after": [round(x, 2) for x in os.getloadavg()], "exit_codes": codes}
 
@@ -114,6 +131,20 @@ def run_config(pg: ThrowawayPostgres, label: str, pools: list[list[int]], n_tria
 def _json(value: Any) -> Any:
     """A JSON column as PostgreSQL's driver hands it back (already decoded) or as text."""
     return json.loads(value) if isinstance(value, str) else (value or {})
+
+
+def _cpu_s(pid: int) -> float | None:
+    try:
+        t = psutil.Process(pid).cpu_times()
+        return t.user + t.system
+    except psutil.Error:
+        return None
+
+
+def _phases(r: Any) -> dict[str, float]:
+    wall = (r.finished_at - r.started_at).total_seconds()
+    load = float(_json(r.client)["wall_s"])
+    return {"startup": r.startup_seconds, "load": load, "rest": wall - r.startup_seconds - load}
 
 
 def _median(values: Any) -> float | None:

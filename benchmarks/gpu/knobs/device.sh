@@ -35,6 +35,28 @@ go() {   # go STUDY TAG: the study (n_trials from its spec, then the confirmatio
   echo "go $study $tag done, $(left) s left"
 }
 
+deadline() {   # deadline STUDY TAG: issue 22's "a --timeout after a trial's last step leaves it ok", on the GPU.
+  # The run's deadline is a timer that sends the process SIGUSR1 (node/interrupts.py); this delivers that
+  # signal at the moment the first trial logs "stopping server" (its last load step is done), which
+  # a wall-clock --timeout can only hit by luck. The run is armed with a --timeout so the handler exists.
+  local study=$1 tag=$2 log="$OUT/$1-$2.log"
+  wait_models
+  mkdir -p "$D"
+  python3 -m autotune run --study "studies/h200-knobs-$study.yaml" --storage "sqlite:///$D/$study.db" \
+      --timeout "$(( $(left) - 30 ))s" --no-progress > "$log" 2>&1 &
+  local pid=$!
+  until grep -q "stopping server" "$log" 2>/dev/null; do
+    kill -0 $pid 2>/dev/null || { echo "run ended before a trial stopped its server"; break; }
+    sleep 0.2
+  done
+  kill -USR1 $pid 2>/dev/null && echo "deadline delivered at $(date +%T) after: $(grep -m1 'stopping server' -B2 "$log" | head -2 | tr '\n' ' ')"
+  wait $pid; echo "run exit $?"
+  tail -4 "$log"
+  python3 -m autotune show --storage "sqlite:///$D/$study.db" > "$OUT/show-$study-$tag.txt" 2>&1
+  cp "$D/$study.db" "$OUT/$study.db"
+  (cd /tmp && tar czf "$OUT/logs-$study-$tag.tgz" knobs/*-logs 2>/dev/null)
+}
+
 collect() {   # collect STUDY: what RESULTS.md quotes (no GPU needed)
   local study=$1
   local url="sqlite:///$D/$study.db"     # (one `local` expands every word before it assigns any)

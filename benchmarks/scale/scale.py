@@ -45,10 +45,10 @@ FINISHED = ("ok", "infeasible", "failed")
 
 
 def run_config(pg: ThrowawayPostgres, label: str, pools: list[list[int]], n_trials: int, workdir: Path,
-               timeout_s: float) -> dict[str, Any]:
+               timeout_s: float, scenario: Path = SCENARIO) -> dict[str, Any]:
     url = pg.create_database(label.replace("-", "_"))
     env = {**os.environ, "PYTHONPATH": str(REPO), "AUTOTUNE_HEARTBEAT_S": "2", "PYTHONUNBUFFERED": "1"}
-    subprocess.run([sys.executable, "-m", "autotune", "submit", str(SCENARIO), "--n-trials", str(n_trials),
+    subprocess.run([sys.executable, "-m", "autotune", "submit", str(scenario), "--n-trials", str(n_trials),
                     "--storage", url], check=True, capture_output=True, env=env, cwd=REPO)
     procs = []
     for i, pool in enumerate(pools):
@@ -77,7 +77,7 @@ def run_config(pg: ThrowawayPostgres, label: str, pools: list[list[int]], n_tria
     eng = create_engine(url)
     with eng.connect() as conn:
         rows = conn.execute(text("select number, state, cause, host, started_at, finished_at, client, "
-                                 "measurement_flags, capacity, startup_seconds from autotune_trials")).all()
+                                 "measurement_flags, capacity, startup_seconds, lease from autotune_trials")).all()
     eng.dispose()
     # finished trials (a failed one whose measurement worker died was re-queued and is not one of them)
     done = [r for r in rows if r.state in FINISHED and r.finished_at is not None and r.cause != "worker_died"]
@@ -113,7 +113,10 @@ def run_config(pg: ThrowawayPostgres, label: str, pools: list[list[int]], n_tria
             "phases_mean_s": {k: round(statistics.fmean(p[k] for p in phases), 2) for k in ("startup", "load", "rest")}
             if phases else None,
             "trials": [{"number": r.number, "host": r.host, "start_s": round((r.started_at - first).total_seconds(), 2),
-                        "wall_s": round((r.finished_at - r.started_at).total_seconds(), 2)}
+                        "wall_s": round((r.finished_at - r.started_at).total_seconds(), 2),
+                        "slots": (_json(r.lease).get("slots") if r.lease else None),
+                        **({k: round(v, 2) for k, v in _phases(r).items()} if r.startup_seconds is not None
+                           and _json(r.client).get("wall_s") is not None else {})}
                        for r in sorted(done, key=lambda r: r.started_at)],
             # from the lease to the tell (a trial's start is rewritten when it gets its slot)
             "median_ask_to_finish_s": round(statistics.median(walls), 2),
@@ -158,6 +161,12 @@ def main() -> int:
     p.add_argument("--two-daemons", type=int, default=0, metavar="K",
                    help="also: one daemon with K slots against two daemons with K slots each, one study")
     p.add_argument("--trials-per-slot", type=int, default=4)
+    p.add_argument("--one-slot-trials", type=int, default=None,
+                   help="trials of the one-slot configuration (default: --trials-per-slot); its rate is what every "
+                        "other is divided by, so it wants more trials than a slot of a larger pool")
+    p.add_argument("--sampler", choices=["tpe", "random"], default=None,
+                   help="override the scenario's sampler; `random` draws every configuration's candidates from one "
+                        "distribution, where TPE's mix depends on the study's size (20 trials against 160)")
     p.add_argument("--timeout", type=float, default=1800, help="seconds per configuration")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--workdir", type=Path, default=Path("/tmp/autotune-scale"))
@@ -169,11 +178,16 @@ def main() -> int:
         if k not in args.slots:
             configs.append((f"one-daemon-{k}-slots", [list(range(k))]))
         configs.append((f"two-daemons-{k}-slots-each", [list(range(k)), list(range(k, 2 * k))]))
+    scenario = SCENARIO
+    if args.sampler is not None:
+        scenario = args.workdir / "scenario.yaml"
+        scenario.write_text(SCENARIO.read_text() + f"sampler: {args.sampler}\n")
     results = []
     with ThrowawayPostgres() as pg:
         for label, pools in configs:
             slots = sum(len(x) for x in pools)
-            r = run_config(pg, label, pools, args.trials_per_slot * slots, args.workdir, args.timeout)
+            n = args.one_slot_trials if slots == 1 and args.one_slot_trials else args.trials_per_slot * slots
+            r = run_config(pg, label, pools, n, args.workdir, args.timeout, scenario)
             print(json.dumps(r), flush=True)
             results.append(r)
     base = next((r for r in results if r["slots"] == 1 and r["daemons"] == 1), None)
@@ -184,7 +198,7 @@ def main() -> int:
         one = next(r for r in results if r["label"] == f"one-daemon-{args.two_daemons}-slots")
         two = next(r for r in results if r["daemons"] == 2)
         two["speedup_vs_one_daemon"] = round(two["trials_per_hour"] / one["trials_per_hour"], 2)
-    body = {"simulated": True, "scenario": SCENARIO.read_text(), "command": " ".join(sys.argv),
+    body = {"simulated": True, "scenario": scenario.read_text(), "command": " ".join(sys.argv),
             "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             "machine": {"cpu": cpu_model(), "cpu_count": os.cpu_count(), "usable_cores": len(os.sched_getaffinity(0)),
                         "platform": platform.platform()},

@@ -400,11 +400,25 @@ class StudyDriver:
 
     # -- one trial ----------------------------------------------------------------------------------
     def next_job(self) -> TrialJob | None:
-        """Ask for a candidate and run the free checks; None when one rejected it (already told)."""
+        """Ask for a candidate and run the free checks; None when one rejected it (already told). If the
+        storage fails after the ask (a database restart), the trial is let go: nothing runs it, so it
+        must not keep beating, or it would stay RUNNING for good and its study could never finish;
+        `recover` fails and re-queues it once its heartbeat is stale."""
         with self._lock:
             trial = ask_baseline_first(self.study)    # a re-queued baseline before every other candidate
             assert self.heartbeats is not None
             self.heartbeats.track(str(trial._trial_id), self.spec.name)
+        try:
+            return self._prepare(trial)
+        except Exception:       # not a kill: a process that dies stops beating for all its trials anyway
+            with self._lock:
+                self._running.pop(trial.number, None)
+            self.heartbeats.untrack(str(trial._trial_id))
+            raise
+
+    def _prepare(self, trial: optuna.Trial) -> TrialJob | None:
+        assert self.heartbeats is not None
+        with self._lock:
             role = trial.user_attrs.get("role", "search")
             # Enqueued trials (the baseline, re-queued ones) sample exactly their enqueued params, so what
             # Optuna records is what ran.

@@ -4,6 +4,7 @@ host whose spec differs is refused; enqueues happen once; sampler seeds differ p
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -143,6 +144,40 @@ def test_a_trial_asked_but_never_written_is_recorded_interrupted_and_requeued(tm
     assert "before the trial was launched" in rec.detail
     for d in (owner, watcher):
         d.heartbeats.stop()
+
+
+def test_a_trial_whose_first_write_met_a_database_restart_is_let_go_and_requeued(tmp_path: Path) -> None:
+    """The owner lives on, but the database went away between Optuna's ask and the row's write (the
+    soak's PostgreSQL restart): the owner must stop beating for that trial, or it stays RUNNING for good
+    and its study never finishes. Its own recovery then re-queues it."""
+    from sqlalchemy.exc import OperationalError
+
+    owner = _open(_driver(tmp_path, "host-alive"))
+    write = owner.store.save_trial
+    calls = []
+
+    def restart_once(*args: Any, **kwargs: Any) -> Any:
+        calls.append(args)
+        if len(calls) == 1:
+            raise OperationalError("insert", {}, Exception("connection refused"))
+        return write(*args, **kwargs)
+
+    owner.store.save_trial = restart_once                   # type: ignore[method-assign]
+    with pytest.raises(OperationalError):
+        owner.next_job()
+    study = optuna.load_study(study_name="shared", storage=owner.spec.storage_url)
+    deadline = time.monotonic() + 60                        # a cap, not a clock: we wait for the re-queue
+    while not [t for t in study.get_trials(deepcopy=False) if t.user_attrs.get("requeued_from") == 0]:
+        assert time.monotonic() < deadline, "the trial asked before the failed write was never re-queued"
+        owner.recover()
+        time.sleep(0.1)
+    trials = study.get_trials(deepcopy=False)
+    assert trials[0].state == TrialState.FAIL
+    rec = owner.store.trial(owner.record.id, 0)
+    assert rec is not None and rec.state == "interrupted" and rec.role == "baseline"
+    job = owner.next_job()                                  # the re-queued baseline is what runs next
+    assert job is not None and job.role == "baseline" and job.number == 1
+    owner.heartbeats.stop()
 
 
 def test_the_baseline_and_spec_candidates_are_enqueued_once(tmp_path: Path) -> None:

@@ -107,6 +107,9 @@ def run_config(pg: ThrowawayPostgres, label: str, pools: list[list[int]], n_tria
             # how full the slots were over the window (lease-to-finish seconds / slot seconds): what a ramp,
             # a drain or a wait between trials costs the rate, apart from how long each trial took
             "slot_busy_share": round(sum(walls) / (window * sum(len(p) for p in pools)), 3),
+            # the idle slot-seconds split by where they fall: before a slot's first trial, between two
+            # trials on one slot (the tell, the next ask, the poll), after a slot's last trial (the drain)
+            **_idle(done, first, window),
             "mean_trial_wall_s": round(statistics.fmean(walls), 2),
             # where a trial's wall goes: its server's start, its load (the worker's measured span), and the
             # rest (spawning the worker, stopping the server, the tell and the writes)
@@ -129,6 +132,22 @@ def run_config(pg: ThrowawayPostgres, label: str, pools: list[list[int]], n_tria
             "daemon_cpu_share": [round(c / daemon_wall, 3) if c is not None else None for c in daemon_cpu],
             "loadavg_before": [round(x, 2) for x in load_before],
             "loadavg_after": [round(x, 2) for x in os.getloadavg()], "exit_codes": codes}
+
+
+def _idle(done: list[Any], first: Any, window: float) -> dict[str, Any]:
+    spans: dict[int, list[tuple[float, float]]] = {}
+    for r in done:
+        start = (r.started_at - first).total_seconds()
+        for slot in (_json(r.lease).get("slots") or []) if r.lease else []:
+            spans.setdefault(slot, []).append((start, start + (r.finished_at - r.started_at).total_seconds()))
+    if not spans:
+        return {}
+    gaps = [b[0] - a[1] for v in spans.values() for a, b in zip(sorted(v), sorted(v)[1:])]
+    return {"idle_slot_s": {"ramp": round(sum(min(v)[0] for v in spans.values()), 1),
+                            "between": round(sum(gaps), 1),
+                            "drain": round(sum(window - max(e for _, e in v) for v in spans.values()), 1)},
+            "gap_between_trials_s": {"mean": round(statistics.fmean(gaps), 2) if gaps else None,
+                                     "max": round(max(gaps), 2) if gaps else None}}
 
 
 def _json(value: Any) -> Any:

@@ -64,12 +64,13 @@ class Job:
     code: int | None = None
     cpu: float = 0.0
     failures: list[str] = field(default_factory=list)   # pytest's short summary lines (FAILED/ERROR ...)
+    skips: list[str] = field(default_factory=list)      # and its SKIPPED lines, with the reason
     relay: threading.Thread | None = field(default=None, repr=False)
 
 
 def jobs(extra: list[str]) -> list[Job]:
     """The suite as jobs (files missing from this checkout are left out)."""
-    base = ["-q", "-p", "no:cacheprovider", "--durations=5", *extra]
+    base = ["-q", "-rfEs", "-p", "no:cacheprovider", "--durations=5", *extra]
     out = [Job("vllm-shared", [*base, "-m", "vllm", str(TESTS)], True, 200),
            Job("postgres", [*base, "-m", "postgres and not vllm", str(TESTS)], False, 400)]
     for path in sorted((TESTS / "e2e").glob("test_*.py")):
@@ -91,7 +92,7 @@ def jobs(extra: list[str]) -> list[Job]:
 def fast_jobs(extra: list[str]) -> list[Job]:
     """`make test-fast`: what needs no vLLM, PostgreSQL, browser or whole study, as three jobs (the unit
     tests, and the integration files taken in turn), since most of its wall time is mock servers waiting."""
-    base = ["-q", "-p", "no:cacheprovider", "--durations=5", "-m", FAST, *extra]
+    base = ["-q", "-rfEs", "-p", "no:cacheprovider", "--durations=5", "-m", FAST, *extra]
     files = sorted(str(p) for p in (TESTS / "integration").glob("test_*.py"))
     return [Job("unit", [*base, str(TESTS / "unit")], False, 3),
             Job("integration-1", [*base, *files[0::2]], False, 2),
@@ -103,6 +104,8 @@ def _relay(job: Job, lock: threading.Lock) -> None:
     for line in job.proc.stdout:
         if line.startswith(("FAILED ", "ERROR ")):
             job.failures.append(line.rstrip())
+        elif line.startswith("SKIPPED "):
+            job.skips.append(line.rstrip())
         with lock:
             sys.stdout.write(f"[{job.name}] {line}")
             sys.stdout.flush()
@@ -192,6 +195,10 @@ def main(argv: list[str]) -> int:
         print(f"  {job.name:32} {job.started:5.0f}-{job.ended:5.0f} {job.ended - job.started:5.0f} "
               f"{job.cpu:6.0f}  {job.code}")
     failed = [j for j in done if j.code not in (0, 5)]
+    # a skip is a test that did not check what it is for: named, so a run that skipped one says which
+    for job in done:
+        for line in job.skips:
+            print(f"  [{job.name}] {line[:400]}")
     # CI keeps only the tail of what a run printed: each failure's test and first line of its message last
     for job in failed:
         for line in job.failures or [f"(no summary line: exit {job.code})"]:

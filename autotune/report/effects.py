@@ -9,7 +9,9 @@ beside a direction and a size a person can act on, and the number of trials each
 
 These are associations across the study's trials, not controlled comparisons: the sampler moved other
 knobs at the same time. With fewer than MIN_GROUP trials on either side, or MIN_KNOB_TRIALS in all, a
-knob's effect reads "too few trials" instead of a number.
+knob's effect reads "too few trials" instead of a number. When two knobs split the trials into the very
+same two sides (a dozen trials make that likely for switches), their figures are one figure counted twice:
+each names the other, so that the user does not credit either.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ class Group:
     label: str           # "64", "on", "> 256"
     n: int
     median: float
+    trials: list[int] = field(default_factory=list)     # the trial numbers it holds
 
 
 @dataclass
@@ -45,6 +48,7 @@ class KnobEffect:
     groups: list[Group] = field(default_factory=list)
     best: Group | None = None             # the group with the largest gain for this objective
     ratio: float | None = None            # best.median / reference.median (None: too few trials)
+    same_split: list[str] = field(default_factory=list)  # knobs whose two sides are these very trials
 
     @property
     def too_few(self) -> bool:
@@ -63,7 +67,8 @@ class KnobEffect:
         verdict = "better" if self.helps else ("same" if self.ratio == 1.0 else "worse")
         against = "" if self.best.label.startswith(">") else f" vs {self.reference.label}"
         what = "higher" if self.best.label.startswith(">") else self.best.label
-        return f"{what} -> x{self.ratio:.3g} ({verdict}){against}, {self.best.n} vs {self.reference.n} trials"
+        same = f"; the same trials as {', '.join(self.same_split)}: not told apart" if self.same_split else ""
+        return f"{what} -> x{self.ratio:.3g} ({verdict}){against}, {self.best.n} vs {self.reference.n} trials{same}"
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "too_few": self.too_few, "helps": self.helps, "text": self.text()}
@@ -90,43 +95,59 @@ def knob_effects(study: StudyRecord, trials: Sequence[TrialRecord],
     out: list[KnobEffect] = []
     for knob in knobs:
         for name, direction in study.objectives:
-            pairs = [(t.params[knob], float(t.objectives[name])) for t in rows
+            pairs = [(t.params[knob], float(t.objectives[name]), t.number) for t in rows
                      if knob in (t.params or {}) and name in (t.objectives or {})]
-            if len({_label(v) for v, _ in pairs}) < 2:
+            if len({_label(v) for v, _, _ in pairs}) < 2:
                 continue    # the knob never moved among measured trials: nothing to say
             imp = (importances or {}).get(name, {}).get(knob)
             effect = KnobEffect(knob, name, direction, len(pairs), imp)
             default = (baseline.params or {}).get(knob) if baseline is not None else None
             _fill(effect, pairs, default)
             out.append(effect)
+    _mark_same_splits(out)
     first = study.objectives[0][0] if study.objectives else None
     rank = {e.knob: (e.importance if e.importance is not None else -1.0,
                      abs((e.ratio or 1.0) - 1.0)) for e in out if e.objective == first}
     return sorted(out, key=lambda e: tuple(-x for x in rank.get(e.knob, (-1.0, 0.0))))
 
 
-def _fill(effect: KnobEffect, pairs: list[tuple[Any, float]], default: Any) -> None:
-    values = [v for v, _ in pairs]
+def _group(label: str, members: list[tuple[float, int]]) -> Group:
+    ys = [y for y, _ in members]
+    return Group(label, len(ys), statistics.median(ys) if ys else float("nan"), sorted(n for _, n in members))
+
+
+def _fill(effect: KnobEffect, pairs: list[tuple[Any, float, int]], default: Any) -> None:
+    values = [v for v, _, _ in pairs]
     distinct = {_label(v) for v in values}
     if _numeric(values) and len(distinct) > FEW_VALUES:
         cut = statistics.median(float(v) for v in values)
-        low = [y for v, y in pairs if float(v) <= cut]
-        high = [y for v, y in pairs if float(v) > cut]
-        effect.reference = Group(f"<= {cut:g}", len(low), statistics.median(low) if low else float("nan"))
-        effect.groups = [Group(f"> {cut:g}", len(high), statistics.median(high) if high else float("nan"))]
+        effect.reference = _group(f"<= {cut:g}", [(y, n) for v, y, n in pairs if float(v) <= cut])
+        effect.groups = [_group(f"> {cut:g}", [(y, n) for v, y, n in pairs if float(v) > cut])]
     else:
-        by: dict[str, list[float]] = {}
-        for v, y in pairs:
-            by.setdefault(_label(v), []).append(y)
+        by: dict[str, list[tuple[float, int]]] = {}
+        for v, y, n in pairs:
+            by.setdefault(_label(v), []).append((y, n))
         ref = _label(default) if default is not None and _label(default) in by else max(by, key=lambda k: len(by[k]))
-        effect.reference = Group(ref, len(by[ref]), statistics.median(by[ref]))
-        effect.groups = [Group(k, len(ys), statistics.median(ys)) for k, ys in by.items() if k != ref]
+        effect.reference = _group(ref, by[ref])
+        effect.groups = [_group(k, members) for k, members in by.items() if k != ref]
     ok = [g for g in effect.groups if g.n >= MIN_GROUP]
     if effect.n < MIN_KNOB_TRIALS or effect.reference.n < MIN_GROUP or not ok or not effect.reference.median:
         return
     sign = 1.0 if effect.direction == "maximize" else -1.0
     effect.best = max(ok, key=lambda g: sign * g.median)
     effect.ratio = effect.best.median / effect.reference.median
+
+
+def _mark_same_splits(effects: Sequence[KnobEffect]) -> None:
+    """Knobs (per objective) whose compared sides hold the same trials, either way round."""
+    by: dict[tuple[str, frozenset[frozenset[int]]], list[KnobEffect]] = {}
+    for e in effects:
+        if e.best is not None and e.reference is not None:
+            sides = frozenset({frozenset(e.best.trials), frozenset(e.reference.trials)})
+            by.setdefault((e.objective, sides), []).append(e)
+    for group in by.values():
+        for e in group:
+            e.same_split = [o.knob for o in group if o is not e]
 
 
 def effect_rows(effects: Sequence[KnobEffect], objectives: Sequence[str]) -> list[list[str]]:
@@ -150,4 +171,5 @@ NOTE = ("knob effects over measured trials only (failed trials and their placeho
         "importance = PED-ANOVA share; effect = median of the trials at the best-doing value (or above the "
         "knob's median) against those at the baseline's value (or at or below it), as a ratio. An "
         f"association, not a controlled test: other knobs moved too. Fewer than {MIN_GROUP} trials on a side "
-        f"or {MIN_KNOB_TRIALS} in all: '{TOO_FEW}'.")
+        f"or {MIN_KNOB_TRIALS} in all: '{TOO_FEW}'. Knobs whose two sides are the same trials are named "
+        "together: one association, not two.")

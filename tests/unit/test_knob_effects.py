@@ -21,8 +21,9 @@ def _by(effects, knob, objective):
 
 def test_a_switch_gets_its_direction_and_size_against_the_baselines_value():
     trials = [_t(0, {"prefix": True, "seqs": 64}, 100, 10, role="baseline")]
-    trials += [_t(i, {"prefix": True, "seqs": 64 + i}, 100 + i, 10) for i in range(1, 4)]
-    trials += [_t(i, {"prefix": False, "seqs": 64 + i}, 150 + i, 12) for i in range(4, 8)]
+    # seqs spread across both sides of prefix (a knob split like prefix would be named beside it)
+    trials += [_t(i, {"prefix": True, "seqs": 64 + i * 5 % 8}, 100 + i, 10) for i in range(1, 4)]
+    trials += [_t(i, {"prefix": False, "seqs": 64 + i * 5 % 8}, 150 + i, 12) for i in range(4, 8)]
     # failures and placeholders never count: a failed trial has no measured values
     trials += [_t(8, {"prefix": False, "seqs": 999}, state="failed"), _t(9, {"prefix": False}, 1e9, 0.1, state="failed")]
     effects = knob_effects(STUDY, trials)
@@ -60,3 +61,21 @@ def test_knobs_that_never_moved_are_left_out_and_rows_carry_importance():
     assert {e.knob for e in effects} == {"prefix"}
     rows = effect_rows(effects, ["capacity_tps", "p50_tpot_ms"])
     assert rows[0][:3] == ["prefix", "8", "0.80"] and "trials" in rows[0][3]
+
+
+def test_two_knobs_that_split_the_trials_alike_name_each_other():
+    # chunked prefill and async scheduling were off in the same three trials (as in the H200 long-prompt
+    # study): their two figures are one association, and each says so; a knob split differently does not
+    trials = [_t(i, {"chunked": i >= 3, "async": i >= 3, "prefix": i % 2 == 0}, 100 + 10 * (i >= 3), 10)
+              for i in range(8)]
+    effects = knob_effects(STUDY, trials)
+    chunked, async_ = _by(effects, "chunked", "capacity_tps"), _by(effects, "async", "capacity_tps")
+    assert chunked.same_split == ["async"] and async_.same_split == ["chunked"]
+    assert chunked.ratio == async_.ratio and chunked.best.trials == [0, 1, 2]
+    assert chunked.reference.trials == [3, 4, 5, 6, 7]
+    assert chunked.text() == "off -> x0.909 (worse) vs on, 3 vs 5 trials; the same trials as async: not told apart"
+    prefix = _by(effects, "prefix", "capacity_tps")
+    assert prefix.same_split == [] and "not told apart" not in prefix.text()
+    # the same split either way round (one knob on where the other is off) is the same association
+    flipped = [_t(i, {"chunked": i >= 3, "eager": i < 3}, 100 + 10 * (i >= 3), 10) for i in range(8)]
+    assert _by(knob_effects(STUDY, flipped), "chunked", "capacity_tps").same_split == ["eager"]

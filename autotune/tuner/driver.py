@@ -411,13 +411,17 @@ class StudyDriver:
         try:
             return self._prepare(trial)
         except Exception:       # not a kill: a process that dies stops beating for all its trials anyway
-            with self._lock:
-                self._running.pop(trial.number, None)
-            self.heartbeats.untrack(str(trial._trial_id))
+            self._let_go(trial.number, trial._trial_id)
             raise
 
+    def _let_go(self, number: int, trial_id: int) -> None:
+        """This process no longer runs the trial: it leaves the running set and stops beating for it."""
+        with self._lock:
+            self._running.pop(number, None)
+            assert self.heartbeats is not None
+            self.heartbeats.untrack(str(trial_id))
+
     def _prepare(self, trial: optuna.Trial) -> TrialJob | None:
-        assert self.heartbeats is not None
         with self._lock:
             role = trial.user_attrs.get("role", "search")
             # Enqueued trials (the baseline, re-queued ones) sample exactly their enqueued params, so what
@@ -440,8 +444,7 @@ class StudyDriver:
                                   spec_hash=self.spec.identity_hash(), started_at=job.started_at,
                                   host=self.host, identity=self.identity, env=env or None)
             if search_hooks.screen(self, trial, role, params, with_env(flags, env), self.progress):   # told, not launched
-                self._running.pop(job.number, None)
-                self.heartbeats.untrack(str(trial._trial_id))
+                self._let_go(job.number, trial._trial_id)
                 return None
             search_hooks.predict(self, trial, params)   # the twin's prediction beside the trial
         rejected = self.runner.precheck(flags, violations)
@@ -489,9 +492,7 @@ class StudyDriver:
                 search_hooks.after_tell(self, job.number, job.params, job.flags, outcome, self.progress,
                                         launch=with_env(job.flags, job.env))
             finally:
-                self._running.pop(job.number, None)
-                assert self.heartbeats is not None
-                self.heartbeats.untrack(str(job.trial_id))
+                self._let_go(job.number, job.trial_id)
         for hook in self.after_tell:
             hook(self, job, outcome)
 
@@ -523,9 +524,7 @@ class StudyDriver:
                 self.progress.trial_finished(job.number, job.role, state, None,
                                              reason if cause == causes.INTERRUPTED else f"{cause}: {reason}")
             finally:
-                self._running.pop(job.number, None)
-                assert self.heartbeats is not None
-                self.heartbeats.untrack(str(job.trial_id))
+                self._let_go(job.number, job.trial_id)
 
     def still_ours(self, job: TrialJob) -> bool:
         """False once another process has failed this trial (our heartbeats did not reach it in time)."""

@@ -142,8 +142,10 @@ def _idle(done: list[Any], first: Any, window: float) -> dict[str, Any]:
             spans.setdefault(slot, []).append((start, start + (r.finished_at - r.started_at).total_seconds()))
     if not spans:
         return {}
-    gaps = [b[0] - a[1] for v in spans.values() for a, b in zip(sorted(v), sorted(v)[1:])]
-    return {"idle_slot_s": {"ramp": round(sum(min(v)[0] for v in spans.values()), 1),
+    for v in spans.values():
+        v.sort()
+    gaps = [b[0] - a[1] for v in spans.values() for a, b in zip(v, v[1:])]
+    return {"idle_slot_s": {"ramp": round(sum(v[0][0] for v in spans.values()), 1),
                             "between": round(sum(gaps), 1),
                             "drain": round(sum(window - max(e for _, e in v) for v in spans.values()), 1)},
             "gap_between_trials_s": {"mean": round(statistics.fmean(gaps), 2) if gaps else None,

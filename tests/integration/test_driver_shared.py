@@ -163,21 +163,23 @@ def test_a_trial_whose_first_write_met_a_database_restart_is_let_go_and_requeued
         return write(*args, **kwargs)
 
     owner.store.save_trial = restart_once                   # type: ignore[method-assign]
-    with pytest.raises(OperationalError):
-        owner.next_job()
-    study = optuna.load_study(study_name="shared", storage=owner.spec.storage_url)
-    deadline = time.monotonic() + 60                        # a cap, not a clock: we wait for the re-queue
-    while not [t for t in study.get_trials(deepcopy=False) if t.user_attrs.get("requeued_from") == 0]:
-        assert time.monotonic() < deadline, "the trial asked before the failed write was never re-queued"
-        owner.recover()
-        time.sleep(0.1)
-    trials = study.get_trials(deepcopy=False)
-    assert trials[0].state == TrialState.FAIL
-    rec = owner.store.trial(owner.record.id, 0)
-    assert rec is not None and rec.state == "interrupted" and rec.role == "baseline"
-    job = owner.next_job()                                  # the re-queued baseline is what runs next
-    assert job is not None and job.role == "baseline" and job.number == 1
-    owner.heartbeats.stop()
+    try:
+        with pytest.raises(OperationalError):
+            owner.next_job()
+        study = optuna.load_study(study_name="shared", storage=owner.spec.storage_url)
+        deadline = time.monotonic() + 60                    # a cap, not a clock: we wait for the re-queue
+        while not [t for t in study.get_trials(deepcopy=False) if t.user_attrs.get("requeued_from") == 0]:
+            assert time.monotonic() < deadline, "the trial asked before the failed write was never re-queued"
+            owner.recover()
+            time.sleep(0.1)
+        trials = study.get_trials(deepcopy=False)
+        assert trials[0].state == TrialState.FAIL
+        rec = owner.store.trial(owner.record.id, 0)
+        assert rec is not None and rec.state == "interrupted" and rec.role == "baseline"
+        job = owner.next_job()                              # the re-queued baseline is what runs next
+        assert job is not None and job.role == "baseline" and job.number == 1
+    finally:
+        owner.heartbeats.stop()
 
 
 def test_the_baseline_and_spec_candidates_are_enqueued_once(tmp_path: Path) -> None:

@@ -35,7 +35,10 @@ def test_a_vlm_study_with_image_traffic_runs_confirms_and_exports(tmp_path: Path
     spec = yaml.safe_load((REPO / "studies" / "demo-cpu-vlm.yaml").read_text())
     spec["engine"]["env"] = one_process_env   # four starts: the process tree is other tests' subject
     spec["workload"]["share"] = 0.5          # a handful of requests a step: both classes in every one
-    spec.update(model=str(demo_vlm_dir), storage=f"sqlite:///{tmp_path}/v.db", slo="ttft[image]:p99<=8s,ttft[text]:p99<=5s",
+    # The SLO is not this test's subject and must hold on a busy 2-core box: quiet, an image request's p99
+    # TTFT is 0.4-1 s at load 16 (the repeats' first step); in CI beside four other jobs 8 s was broken
+    # at every load of a repeat once (stop 35). Each class keeps its own bound.
+    spec.update(model=str(demo_vlm_dir), storage=f"sqlite:///{tmp_path}/v.db", slo="ttft[image]:p99<=60s,ttft[text]:p99<=30s",
                 telemetry={"source": "cpu", "hz": 2}, warm_start=False,
                 load={"mode": "capacity", "search": "concurrency", "max_steps": 2, "requests_per_step": 12,
                       "warmup": 1, "min_waves": 1, "refine_steps": 0})
@@ -60,8 +63,10 @@ def test_a_vlm_study_with_image_traffic_runs_confirms_and_exports(tmp_path: Path
     # highest met load (a stored number)
     assert [r[0] for r in rows] == [0, 1, 2] and len({r[1] for r in rows}) == 3
     met = json.loads(first_run)["bracket"][0]
-    for _, _, state, objectives, log_path, capacity in rows:
-        assert state == "ok" and json.loads(objectives)["capacity_tps"] > 0
+    for round_, _, state, objectives, log_path, capacity in rows:
+        steps = [{k: s.get(k) for k in ("load", "slo_met", "failed", "image_p99_ttft_ms", "text_p99_ttft_ms")}
+                 for s in json.loads(capacity)["steps"]]
+        assert state == "ok" and json.loads(objectives)["capacity_tps"] > 0, (round_, state, steps)
         assert Path(log_path).name.startswith("confirm-0000-r") and Path(log_path).is_file()
         assert json.loads(capacity)["steps"][0]["load"] == float(int(met))
     out = tmp_path / "best.yaml"

@@ -101,7 +101,7 @@ class Scheduler:
         self.poll_s = poll_s
         self._entries: list[_Entry] = []
         self._workers: dict[tuple[str, int], _Worker] = {}
-        self._finished: queue.Queue[_Worker] = queue.Queue()
+        self._finished: queue.Queue[_Worker | None] = queue.Queue()   # None: `serve`'s stop was set
         self._storage_error: BaseException | None = None   # a worker found the storage unwritable
         self._lock = threading.RLock()
         self._seq = 0
@@ -165,7 +165,9 @@ class Scheduler:
 
     def serve(self, stop: threading.Event, grace_s: float) -> None:
         """`daemon`: until `stop` is set; then no new trials, running ones get `grace_s` to finish, the
-        rest are interrupted (re-queued). Drivers that are done are closed; the daemon adds new ones."""
+        rest are interrupted (re-queued). Drivers that are done are closed; the daemon adds new ones.
+        A finished trial wakes the loop, so its slot is leased again at once, not at the next poll."""
+        threading.Thread(target=self._wake_on, args=(stop,), name="scheduler-stop", daemon=True).start()
         while not stop.is_set():
             try:
                 self._tick(leasing=True)
@@ -174,7 +176,7 @@ class Scheduler:
             except Exception as exc:    # a database that is briefly locked or unreachable: next pass
                 log.warning("scheduler pass failed: %s", exc)
                 stop.wait(min(5.0, 10 * self.poll_s))
-            stop.wait(self.poll_s)
+            self._wait(self.poll_s)
         for e in self._entries:
             self._drop_pending(e, "drain")
         end = time.monotonic() + grace_s
@@ -186,7 +188,13 @@ class Scheduler:
             self._close(e)
 
     # -- one pass -----------------------------------------------------------------------------------
+    def _wake_on(self, stop: threading.Event) -> None:
+        stop.wait()
+        self._finished.put(None)
+
     def _wait(self, seconds: float) -> None:
+        """Until a worker finishes (or `serve`'s stop is set), at most `seconds`; what woke it stays queued
+        for `_reap`."""
         try:
             w = self._finished.get(timeout=seconds)
             self._finished.put(w)
@@ -361,6 +369,8 @@ class Scheduler:
                 w = self._finished.get_nowait()
             except queue.Empty:
                 return
+            if w is None:
+                continue
             if w.thread is not None:
                 w.thread.join(timeout=5)
             self.pool.release(w.lease)

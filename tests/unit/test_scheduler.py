@@ -232,6 +232,22 @@ def test_serve_drains_within_grace_then_interrupts() -> None:
     assert snapshot_ok(sched.snapshot())
 
 
+def test_serve_leases_a_freed_slot_when_its_trial_ends_not_at_the_next_poll() -> None:
+    """With an hour between polls, only the finished trial's own wake-up can start the next one on the
+    single slot, and only the stop's wake-up can end the loop (the daemon's loop used to sleep the poll)."""
+    global T0
+    T0 = time.monotonic()
+    d = FakeDriver("a", 1, [0.0, 0.0, 0.0])
+    sched = Scheduler(GpuPool([0], physical=False, cores=[0], host="h"), poll_s=3600)
+    sched.add(d)
+    stop = threading.Event()
+    _when(lambda: len(d.finished) == 3, stop.set)
+    serving = threading.Thread(target=sched.serve, args=(stop, 0.0), daemon=True)
+    serving.start()
+    serving.join(timeout=120)
+    assert not serving.is_alive() and d.finished == [0, 1, 2] and d.closed
+
+
 def snapshot_ok(snap: dict) -> bool:
     return snap["running"] == [] and snap["pool"]["free"] == [0, 1] and snap["host"] == "h"
 

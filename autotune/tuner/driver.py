@@ -415,11 +415,12 @@ class StudyDriver:
             raise
 
     def _let_go(self, number: int, trial_id: int) -> None:
-        """This process no longer runs the trial: it leaves the running set and stops beating for it."""
+        """This process no longer runs the trial: it leaves the running set and stops beating for it (the
+        heartbeat row's delete is database I/O: not under our lock where the caller does not hold it)."""
         with self._lock:
             self._running.pop(number, None)
-            assert self.heartbeats is not None
-            self.heartbeats.untrack(str(trial_id))
+        assert self.heartbeats is not None
+        self.heartbeats.untrack(str(trial_id))
 
     def _prepare(self, trial: optuna.Trial) -> TrialJob | None:
         with self._lock:

@@ -17,14 +17,13 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from autotune.store.models import TrialRecord
 
 DURATION_BUCKETS = (5.0, 15.0, 30.0, 60.0, 120.0, 180.0, 300.0, 600.0, 1200.0, 3600.0)
 CPU_SECONDS_BUCKETS = (1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0)
@@ -61,7 +60,7 @@ class BusyClock:
 class Reading:
     """What one scrape reports (DaemonCollector asks for a fresh one each time)."""
 
-    trials: Mapping[str, Sequence[TrialRecord]]     # study -> its trials (all hosts)
+    trials: Mapping[str, Sequence[Any]]             # study -> its trials (all hosts): store.trial_times rows
     busy_s: Mapping[int, float]                     # slot -> busy seconds of this daemon
     host: str
     queue_states: Mapping[str, int] = field(default_factory=dict)

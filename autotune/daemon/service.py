@@ -198,7 +198,7 @@ class Daemon:
             budget = held.entry.time_budget_s
             if budget is not None and not held.stopped:
                 left = budget - used
-                expected = expected_trial_s(self.store.trials(driver.record.id)) or 0.0
+                expected = expected_trial_s(self.store.trial_times(driver.record.id)) or 0.0
                 if left <= 0 or left < expected:
                     self._stop(held, now=False, why=f"time budget: {used:.0f} of {budget:.0f} s used")
                     self.queue.finish(name, f"time budget spent ({used:.0f} of {budget:.0f} s)")
@@ -250,7 +250,7 @@ class Daemon:
         for e in entries:
             rec = self.store.study(e.name)
             if rec is not None:
-                trials[e.name] = self.store.trials(rec.id)
+                trials[e.name] = self.store.trial_times(rec.id)
         return Reading(trials, self.busy.seconds(), self.host, queue_states=Counter(e.state for e in entries),
                        draining=self.stop.is_set(), uptime_s=time.monotonic() - self._started,
                        running=len(self.scheduler.snapshot()["running"]))

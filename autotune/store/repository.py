@@ -3,12 +3,13 @@ short transaction so that a SIGKILL at any instant leaves completed trials intac
 
 from __future__ import annotations
 
+import datetime as dt
 from pathlib import Path
 from typing import Any, Iterator
 
-from sqlalchemy import create_engine, delete, inspect, select
+from sqlalchemy import Row, create_engine, delete, inspect, or_, select
 from sqlalchemy.engine import Engine
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, load_only
 
 from autotune.errors import UserError
 from autotune.redact import Redactor, redact_flags
@@ -181,6 +182,36 @@ class ResultStore:
     def trials(self, study_id: int) -> list[TrialRecord]:
         with self.session() as s:
             return list(s.scalars(select(TrialRecord).where(TrialRecord.study_id == study_id)
+                                  .order_by(TrialRecord.number)))
+
+    # What is read on every ask, tell or scrape reads only its own columns: a full row carries several KB of
+    # evidence (steps, metrics, the log's tail) to decode, and a study of a few hundred trials read whole
+    # on every trial held the daemon's lock for tens of milliseconds (benchmarks/scale/RESULTS.md, §10).
+    def trial_times(self, study_id: int) -> list[Row[Any]]:
+        """Each trial's number, state, cause, start, finish and client use, in trial order (attribute
+        access like a record's): wall times, counts and the scrape's figures."""
+        with self.session() as s:
+            return list(s.execute(select(TrialRecord.number, TrialRecord.state, TrialRecord.cause,
+                                         TrialRecord.started_at, TrialRecord.finished_at, TrialRecord.client)
+                                  .where(TrialRecord.study_id == study_id).order_by(TrialRecord.number)))
+
+    def trials_between(self, study_id: int, start: dt.datetime, end: dt.datetime) -> list[TrialRecord]:
+        """The trials whose recorded run meets [start, end) (started before `end`, not finished by
+        `start`), with only what the overlap bookkeeping reads loaded (tuner/sharing.py)."""
+        cols = (TrialRecord.number, TrialRecord.lease, TrialRecord.cause, TrialRecord.started_at,
+                TrialRecord.finished_at, TrialRecord.overlapped, TrialRecord.measurement_flags)
+        with self.session() as s:
+            return list(s.scalars(select(TrialRecord).options(load_only(*cols))
+                                  .where(TrialRecord.study_id == study_id, TrialRecord.started_at < end,
+                                         or_(TrialRecord.finished_at.is_(None), TrialRecord.finished_at > start))
+                                  .order_by(TrialRecord.number)))
+
+    def brackets(self, study_id: int) -> list[Any]:
+        """The capacity bracket (highest met, lowest broken load) of each measured trial, read out of its
+        capacity document by the database."""
+        with self.session() as s:
+            return list(s.scalars(select(TrialRecord.capacity["bracket"])
+                                  .where(TrialRecord.study_id == study_id, TrialRecord.state == "ok")
                                   .order_by(TrialRecord.number)))
 
     def trial(self, study_id: int, number: int) -> TrialRecord | None:

@@ -57,7 +57,7 @@ def confirm_command(args: argparse.Namespace) -> int:
                 result = confirm_study(spec, store, study, runner, top_k=top, repeats=repeats,
                                        max_extra=extra,
                                        phase=progress.phase, say=progress.message, deadline=deadline,
-                                       expected_s=expected_trial_s(store.trials(study.id)) or 0.0)
+                                       expected_s=expected_trial_s(store.trial_times(study.id)) or 0.0)
                 stopped = result.stopped_by
             except Interrupted as e:
                 stopped = e.reason

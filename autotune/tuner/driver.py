@@ -377,7 +377,7 @@ class StudyDriver:
             return False
         if self.deadline is not None:
             left = self.deadline - time.monotonic()
-            expected = expected_trial_s(self.store.trials(self.record.id)) or 0.0
+            expected = expected_trial_s(self.store.trial_times(self.record.id)) or 0.0
             if left <= 0 or left < expected:
                 if left > 0:
                     self.progress.message(f"not starting another trial: one takes ~{expected:.0f} s "
@@ -538,9 +538,10 @@ class StudyDriver:
         """The trials of this study (any process) whose run overlapped ours, the measurement flag, and the
         finish time the relation was computed with (written as ours, so that a trial leased after it
         cannot see us as still running); an earlier finisher that missed us gets us added."""
-        records = self.store.trials(self.record.id)
         end = utcnow()
-        overlapped = overlapping(records, job.number, job.started_at or end, end)
+        start = job.started_at or end
+        records = self.store.trials_between(self.record.id, start, end)   # not the whole study: every tell
+        overlapped = overlapping(records, job.number, start, end)
         flags = {r.number: r.measurement_flags or [] for r in records}
         for number, mutual in missed_by(records, job.number, overlapped).items():
             self.store.save_trial(self.record.id, number, overlapped=mutual,

@@ -177,7 +177,7 @@ def capacity_hint(loop: Any, flags: list[str] | None = None) -> tuple[float, flo
     load = loop.spec.load
     if load.mode != "capacity" or load.search_start != "study" or load.search == "time_scale":
         return None
-    brackets = [(rec.capacity or {}).get("bracket") for rec in loop.store.trials(loop.record.id) if rec.state == "ok"]
+    brackets = loop.store.brackets(loop.record.id)
     seqs = flags_to_mapping([*loop.fixed_flags, *(flags or [])]).get("max_num_seqs")
     cap = int(seqs) if load.search == "concurrency" and seqs is not None and str(seqs).isdigit() else None
     return study_hint(brackets, cap)

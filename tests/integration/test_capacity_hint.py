@@ -113,17 +113,15 @@ def test_the_hint_is_the_median_bracket_and_a_lower_max_num_seqs_caps_it() -> No
     from autotune.spec import build_spec
     from autotune.tuner.search_hooks import capacity_hint
 
-    def rec(state: str, bracket: list[float | None] | None) -> SimpleNamespace:
-        return SimpleNamespace(state=state, capacity={"bracket": bracket} if bracket else None)
-
+    # The measured trials' brackets, as the store reads them (an early-stopped trial's is left out there:
+    # tests/unit/test_store_reads.py)
     spec = build_spec({"name": "h", "model": "m", "engine": {"kind": "vllm", "command": ["vllm"]}}, "test")
-    records = [rec("ok", [35, 40]), rec("ok", [39, 41]), rec("ok", [40, None]), rec("failed", None),
-               rec("stopped", [10, 12])]          # an early-stopped trial's bracket is not a capacity
+    brackets = [[35, 40], [39, 41], [40, None], None]
     loop = SimpleNamespace(spec=spec, fixed_flags=[], record=SimpleNamespace(id=1),
-                           store=SimpleNamespace(trials=lambda _id: records))
+                           store=SimpleNamespace(brackets=lambda _id: brackets))
     assert capacity_hint(loop, ["--max-num-seqs", "256"]) == (39, 40.5)
     assert capacity_hint(loop, ["--max-num-seqs", "19"]) == (19, None)
-    assert capacity_hint(SimpleNamespace(**{**vars(loop), "store": SimpleNamespace(trials=lambda _id: [])})) is None
+    assert capacity_hint(SimpleNamespace(**{**vars(loop), "store": SimpleNamespace(brackets=lambda _id: [])})) is None
     probe = build_spec({"name": "h", "model": "m", "engine": {"kind": "vllm", "command": ["vllm"]},
                         "load": {"search_start": "probe"}}, "test")
     assert capacity_hint(SimpleNamespace(**{**vars(loop), "spec": probe})) is None

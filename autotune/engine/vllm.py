@@ -18,7 +18,9 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 from typing import Sequence
@@ -54,8 +56,9 @@ class VLLMServer(Server):
     """One vLLM process group. pid, pgid and create_time identify it for kill_leftovers."""
 
     def __init__(self, popen: subprocess.Popen[bytes], argv: list[str], request: LaunchRequest,
-                 log_offset: int, started: float):
+                 log_offset: int, started: float, rpc_dir: Path | None = None):
         self.popen = popen
+        self.rpc_dir = rpc_dir     # its engine's IPC sockets (VLLM_RPC_BASE_PATH), removed when it stops
         self.argv = argv
         self.pid = popen.pid
         self.pgid = os.getpgid(popen.pid) if popen.poll() is None else popen.pid
@@ -85,6 +88,7 @@ class VLLMServer(Server):
     def _dead(self, exit_code: int | None) -> EngineFailure:
         # The leader died; EngineCore/workers may linger holding memory. Reap the whole group first.
         stop_group(self.pid, self.pgid, grace_s=5.0, popen=self.popen)
+        _remove(self.rpc_dir)
         text = self.log_text()
         cause, detail = classify_failure(text, exit_code)
         return EngineFailure(cause, detail, log_tail=_tail(text), exit_code=exit_code)
@@ -134,6 +138,7 @@ class VLLMServer(Server):
         if self._stopped:
             return
         stop_group(self.pid, self.pgid, grace_s=grace_s, popen=self.popen)
+        _remove(self.rpc_dir)
         self._stopped = True
 
 
@@ -175,14 +180,22 @@ class VLLMEngine(Engine):
             env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # so indices mean what NVML means
             # per GPU, so that concurrent launches on disjoint GPUs keep each other's baselines
             self._gpu_baseline = {**self._gpu_baseline, **(_gpu_used_bytes(request.gpus) or {})}
+        # vLLM puts its processes' ZMQ sockets in /tmp and leaves them there when it is stopped by a
+        # signal: thousands of files after a night of trials. Each server gets a folder of its own that
+        # its stop removes (unless the user points vLLM somewhere).
+        rpc_dir = None
+        if "VLLM_RPC_BASE_PATH" not in env:
+            rpc_dir = Path(tempfile.mkdtemp(prefix="autotune-rpc-"))
+            env["VLLM_RPC_BASE_PATH"] = str(rpc_dir)
         offset = request.log_path.stat().st_size if request.log_path.exists() else 0
         started = time.monotonic()
         try:
             popen = spawn(argv, request.log_path, env=env, cores=request.cores)
         except (FileNotFoundError, PermissionError) as exc:
+            _remove(rpc_dir)
             raise UserError(f"engine command not found: {argv[0]} ({exc.strerror})") from None
         self._launch_logs = [*self._launch_logs[-7:], (request.log_path, offset)]
-        return VLLMServer(popen, argv, request, offset, started)
+        return VLLMServer(popen, argv, request, offset, started, rpc_dir)
 
     def release_wait(self, port: int, gpus: Sequence[int], timeout_s: float = 60.0) -> None:
         """Port free, and on GPUs the memory back near its launch baseline, or timeout_s spent.
@@ -274,6 +287,11 @@ class VLLMEngine(Engine):
             if self._version:
                 break
         return self._version
+
+
+def _remove(folder: Path | None) -> None:
+    if folder is not None:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _gpu_used_bytes(gpus: Sequence[int]) -> dict[int, int] | None:

@@ -65,6 +65,8 @@ def test_stop_takes_engine_core_and_workers_and_death_after_ready_is_classified(
     try:
         server.wait_ready()
         assert engine.version() == "0.32.0"  # this entry point has no --version: read from the launch banner
+        # its engine's ZMQ sockets are in a folder of its own (vLLM leaves them in /tmp otherwise)
+        assert server.rpc_dir is not None and any(p.is_socket() for p in server.rpc_dir.iterdir())
         names = {psutil.Process(pid).name() for pid in group_alive(server.pgid)}
         assert "VLLM::EngineCore" in names  # the children exist, in the group
         assert server.failure() is None and server.alive()
@@ -81,6 +83,7 @@ def test_stop_takes_engine_core_and_workers_and_death_after_ready_is_classified(
     finally:
         server.stop(grace_s=5)
     assert group_alive(server.pgid) == []
+    assert not server.rpc_dir.exists()
     server.stop()  # idempotent
 
 

@@ -42,6 +42,8 @@ _POLL_S = 0.25          # how often the process is polled while waiting for read
 _HEALTH_TIMEOUT_S = 2.0
 _HELP_TIMEOUT_S = 300.0
 _GPU_RELEASE_SLACK = 512 * 1024**2  # bytes above the launch baseline that count as "released"
+_SOCKET_PATH_MAX = 107              # sun_path's bytes less its terminating NUL (Linux)
+_SOCKET_NAME = 37                   # "/" and the UUID vLLM names each IPC socket with
 
 
 def _log_since(path: Path, offset: int) -> str:
@@ -182,11 +184,16 @@ class VLLMEngine(Engine):
             self._gpu_baseline = {**self._gpu_baseline, **(_gpu_used_bytes(request.gpus) or {})}
         # vLLM puts its processes' ZMQ sockets in /tmp and leaves them there when it is stopped by a
         # signal: thousands of files after a night of trials. Each server gets a folder of its own that
-        # its stop removes (unless the user points vLLM somewhere).
+        # its stop removes (unless the user points vLLM somewhere, or the folder's path would leave no
+        # room for a socket's name: a Unix socket's path holds at most 107 bytes).
         rpc_dir = None
         if "VLLM_RPC_BASE_PATH" not in env:
             rpc_dir = Path(tempfile.mkdtemp(prefix="autotune-rpc-"))
-            env["VLLM_RPC_BASE_PATH"] = str(rpc_dir)
+            if len(str(rpc_dir)) + _SOCKET_NAME <= _SOCKET_PATH_MAX:
+                env["VLLM_RPC_BASE_PATH"] = str(rpc_dir)
+            else:
+                _remove(rpc_dir)
+                rpc_dir = None
         offset = request.log_path.stat().st_size if request.log_path.exists() else 0
         started = time.monotonic()
         try:

@@ -143,8 +143,11 @@ def test_tune_kill_resume_show_export(autotune_run, servers_in, wait_until, tmp_
     config = yaml.safe_load(best.read_text())
     assert config["model"] == str(demo_model_dir) and config["max-model-len"] == 512
     port = find_free_port()
+    rpc = tmp_path / "rpc"      # its ZMQ sockets (vLLM leaves them behind in /tmp when stopped by a signal)
+    rpc.mkdir()
     proc = spawn([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--config", str(best),
-                  "--host", "127.0.0.1", "--port", str(port)], tmp_path / "from-config.log")
+                  "--host", "127.0.0.1", "--port", str(port)], tmp_path / "from-config.log",
+                 env={**os.environ, "VLLM_RPC_BASE_PATH": str(rpc)})
     try:
         deadline = time.monotonic() + 600
         status = None

@@ -35,7 +35,7 @@ FAKE = textwrap.dedent('''
     if "--version" in args:
         print("7.8.9"); sys.exit(0)
     print("ARGV " + json.dumps(args), flush=True)
-    print("ENV " + json.dumps({k: os.environ.get(k) for k in ("VLLM_SERVER_DEV_MODE", "CUDA_VISIBLE_DEVICES", "EXTRA")}), flush=True)
+    print("ENV " + json.dumps({k: os.environ.get(k) for k in ("VLLM_SERVER_DEV_MODE", "CUDA_VISIBLE_DEVICES", "EXTRA", "VLLM_RPC_BASE_PATH")}), flush=True)
     print("INFO 11-29 [api_utils.py:1]  version 0.99.1", flush=True)
     if mode == "die":
         time.sleep(0.3)
@@ -111,13 +111,43 @@ def test_launch_ready_env_and_startup_figures(fake, tmp_path, monkeypatch):
         # from the launch to ready: the fake's 0.5 s at least, and no more than the test saw pass
         assert info.engine_version == "0.99.1" and 0.5 <= info.startup_seconds <= took + 0.001
         assert logged(req.log_path, "ARGV")[-2:] == ["--max-num-seqs", "8"]
-        assert logged(req.log_path, "ENV") == {"VLLM_SERVER_DEV_MODE": "1", "CUDA_VISIBLE_DEVICES": "1", "EXTRA": "yes"}
+        assert logged(req.log_path, "ENV") == {"VLLM_SERVER_DEV_MODE": "1", "CUDA_VISIBLE_DEVICES": "1", "EXTRA": "yes",
+                                               "VLLM_RPC_BASE_PATH": str(server.rpc_dir)}
+        assert server.rpc_dir.is_dir()     # its IPC sockets' own folder, removed when it stops
         assert server.url == f"http://127.0.0.1:{req.port}" and server.pgid == server.pid and server.create_time > 0
         assert server.alive() and server.failure() is None
     finally:
         server.stop(grace_s=2)
     assert not server.alive() and server.failure() is None  # stopped by us: not a failure
+    assert not server.rpc_dir.exists()
     server.stop()
+
+
+def test_the_ipc_folder_is_the_users_where_they_set_it_and_absent_where_a_socket_would_not_fit(
+        fake, tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_MODE", "serve")
+    req = request(tmp_path, env={"VLLM_RPC_BASE_PATH": str(tmp_path)})
+    server = fake.launch(req)
+    try:
+        server.wait_ready()
+        assert server.rpc_dir is None and logged(req.log_path, "ENV")["VLLM_RPC_BASE_PATH"] == str(tmp_path)
+    finally:
+        server.stop(grace_s=2)
+    assert tmp_path.is_dir()                 # not ours to remove
+    deep = tmp_path / ("d" * 90)
+    deep.mkdir()
+    monkeypatch.setenv("TMPDIR", str(deep))
+    monkeypatch.setattr("tempfile.tempdir", None)     # tempfile reads TMPDIR again
+    second = tmp_path / "second"
+    second.mkdir()
+    req = request(second)
+    server = fake.launch(req)
+    try:
+        server.wait_ready()
+        assert server.rpc_dir is None and logged(req.log_path, "ENV")["VLLM_RPC_BASE_PATH"] is None
+    finally:
+        server.stop(grace_s=2)
+    assert list(deep.iterdir()) == []        # the folder that would not fit was removed at once
 
 
 def test_early_exit_is_reported_at_once_with_its_cause(fake, tmp_path, monkeypatch):

@@ -44,6 +44,7 @@ _HELP_TIMEOUT_S = 300.0
 _GPU_RELEASE_SLACK = 512 * 1024**2  # bytes above the launch baseline that count as "released"
 _SOCKET_PATH_MAX = 107              # sun_path's bytes less its terminating NUL (Linux)
 _SOCKET_NAME = 37                   # "/" and the UUID vLLM names each IPC socket with
+_RPC_PREFIX = "autotune-rpc-"       # + owner PID, its start time and mkdtemp's letters
 
 
 def _log_since(path: Path, offset: int) -> str:
@@ -188,7 +189,7 @@ class VLLMEngine(Engine):
         # room for a socket's name: a Unix socket's path holds at most 107 bytes).
         rpc_dir = None
         if "VLLM_RPC_BASE_PATH" not in env:
-            rpc_dir = Path(tempfile.mkdtemp(prefix="autotune-rpc-"))
+            rpc_dir = _ipc_folder()
             if len(str(rpc_dir)) + _SOCKET_NAME <= _SOCKET_PATH_MAX:
                 env["VLLM_RPC_BASE_PATH"] = str(rpc_dir)
             else:
@@ -294,6 +295,27 @@ class VLLMEngine(Engine):
             if self._version:
                 break
         return self._version
+
+
+def _ipc_folder() -> Path:
+    """A new folder for one server's IPC sockets, named for this process (PID and start time). The
+    folders of autotune processes that are gone are removed first: a process killed with SIGKILL could not
+    remove its servers' (they die with it, by their parent-death signal, and leave their sockets)."""
+    me = psutil.Process()
+    for old in Path(tempfile.gettempdir()).glob(_RPC_PREFIX + "*"):
+        owner = re.fullmatch(re.escape(_RPC_PREFIX) + r"(\d+)-(\d+)-\w+", old.name)
+        if owner is not None and not _running_since(int(owner[1]), int(owner[2])):
+            _remove(old)
+    return Path(tempfile.mkdtemp(prefix=f"{_RPC_PREFIX}{me.pid}-{int(me.create_time())}-"))
+
+
+def _running_since(pid: int, started: int) -> bool:
+    """Is `pid` the process that started at `started` (whole seconds since the epoch), still running?"""
+    try:
+        proc = psutil.Process(pid)
+        return int(proc.create_time()) == started and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def _remove(folder: Path | None) -> None:

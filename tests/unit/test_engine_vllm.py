@@ -150,6 +150,37 @@ def test_the_ipc_folder_is_the_users_where_they_set_it_and_absent_where_a_socket
     assert list(deep.iterdir()) == []        # the folder that would not fit was removed at once
 
 
+def test_a_launch_removes_the_ipc_folders_of_autotune_processes_that_are_gone(fake, tmp_path, monkeypatch):
+    import os
+    import subprocess
+
+    import psutil
+
+    monkeypatch.setenv("FAKE_MODE", "serve")
+    base = tmp_path / "tmp"
+    base.mkdir()
+    monkeypatch.setenv("TMPDIR", str(base))
+    monkeypatch.setattr("tempfile.tempdir", None)
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone_start = int(psutil.Process(gone.pid).create_time())
+    gone.wait()
+    me = psutil.Process(os.getpid())
+    dead = base / f"autotune-rpc-{gone.pid}-{gone_start}-abc123"          # its owner was SIGKILLed
+    reused = base / f"autotune-rpc-{os.getpid()}-{int(me.create_time()) - 100}-abc123"   # its PID reused since
+    live = base / f"autotune-rpc-{os.getpid()}-{int(me.create_time())}-abc123"           # a running server's
+    other = base / "autotune-rpc-notours"
+    for folder in (dead, reused, live, other):
+        folder.mkdir()
+        (folder / "sock").write_text("")
+    server = fake.launch(request(tmp_path))
+    try:
+        server.wait_ready()
+    finally:
+        server.stop(grace_s=2)
+    assert not dead.exists() and not reused.exists()
+    assert live.exists() and other.exists()
+
+
 def test_early_exit_is_reported_at_once_with_its_cause(fake, tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_MODE", "die")
     server = fake.launch(request(tmp_path, startup_timeout_s=60))

@@ -22,6 +22,24 @@ import psutil
 
 from autotune.prctl import parent_death_signal
 
+def process_create_time(pid: int | None = None) -> float:
+    try:
+        return psutil.Process(pid or os.getpid()).create_time()
+    except psutil.Error:
+        return 0.0
+
+
+def owner_alive_here(pid: int, create_time: float | None) -> bool:
+    """For servers recorded on THIS host only: is the autotune process that started them still there?"""
+    try:
+        proc = psutil.Process(pid)
+        if create_time and abs(proc.create_time() - create_time) >= 0.05:
+            return False
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
 @dataclass(frozen=True)
 class ProcessRecord:
     """Enough to find a process again after a crash, and to be sure it is the same one."""

@@ -32,8 +32,8 @@ from autotune import causes
 from autotune.engine.base import Engine, EngineFailure, LaunchRequest, Server, StartupInfo
 from autotune.engine.logparse import classify_failure, parse_startup
 from autotune.engine.phases import startup_phases
-from autotune.engine.process import (ProcessRecord, find_free_port, read_log, spawn, stop_group,
-                                     wait_port_free)
+from autotune.engine.process import (ProcessRecord, find_free_port, owner_alive_here, process_create_time,
+                                     read_log, spawn, stop_group, wait_port_free)
 from autotune.errors import UserError
 
 _OPTION = re.compile(r"(?<![\w-])--[A-Za-z0-9][A-Za-z0-9_.-]*")
@@ -44,7 +44,7 @@ _HELP_TIMEOUT_S = 300.0
 _GPU_RELEASE_SLACK = 512 * 1024**2  # bytes above the launch baseline that count as "released"
 _SOCKET_PATH_MAX = 107              # sun_path's bytes less its terminating NUL (Linux)
 _SOCKET_NAME = 37                   # "/" and the UUID vLLM names each IPC socket with
-_RPC_PREFIX = "autotune-rpc-"       # + owner PID, its start time and mkdtemp's letters
+_RPC_PREFIX = "autotune-rpc-"       # + owner PID, its start time (1/100 s) and mkdtemp's letters
 
 
 def _log_since(path: Path, offset: int) -> str:
@@ -301,21 +301,12 @@ def _ipc_folder() -> Path:
     """A new folder for one server's IPC sockets, named for this process (PID and start time). The
     folders of autotune processes that are gone are removed first: a process killed with SIGKILL could not
     remove its servers' (they die with it, by their parent-death signal, and leave their sockets)."""
-    me = psutil.Process()
     for old in Path(tempfile.gettempdir()).glob(_RPC_PREFIX + "*"):
         owner = re.fullmatch(re.escape(_RPC_PREFIX) + r"(\d+)-(\d+)-\w+", old.name)
-        if owner is not None and not _running_since(int(owner[1]), int(owner[2])):
+        if owner is not None and not owner_alive_here(int(owner[1]), int(owner[2]) / 100):
             _remove(old)
-    return Path(tempfile.mkdtemp(prefix=f"{_RPC_PREFIX}{me.pid}-{int(me.create_time())}-"))
-
-
-def _running_since(pid: int, started: int) -> bool:
-    """Is `pid` the process that started at `started` (whole seconds since the epoch), still running?"""
-    try:
-        proc = psutil.Process(pid)
-        return int(proc.create_time()) == started and proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
+    started = round(process_create_time() * 100)
+    return Path(tempfile.mkdtemp(prefix=f"{_RPC_PREFIX}{os.getpid()}-{started}-"))
 
 
 def _remove(folder: Path | None) -> None:

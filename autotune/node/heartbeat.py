@@ -23,11 +23,11 @@ import time
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-import psutil
 from sqlalchemy import and_, delete, func, insert, select, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError, OperationalError
 
+from autotune.engine.process import owner_alive_here, process_create_time
 from autotune.node.pool import host_name
 from autotune.store.models import HeartbeatRecord
 
@@ -71,13 +71,6 @@ class Beat:
     proc_create_time: float
     age_s: float
     info: dict[str, Any] | None
-
-
-def process_create_time(pid: int | None = None) -> float:
-    try:
-        return psutil.Process(pid or os.getpid()).create_time()
-    except psutil.Error:
-        return 0.0
 
 
 class Heartbeats:
@@ -210,17 +203,6 @@ class Heartbeats:
     def live_processes(self) -> list[Beat]:
         """Processes with a fresh heartbeat (what `status` lists as daemons)."""
         return [b for b in self.ages("process").values() if b.age_s <= self.stale_after_s]
-
-
-def owner_alive_here(pid: int, create_time: float | None) -> bool:
-    """For servers recorded on THIS host only: is the autotune process that started them still there?"""
-    try:
-        proc = psutil.Process(pid)
-        if create_time and abs(proc.create_time() - create_time) >= 0.05:
-            return False
-        return proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
 
 
 __all__ = ["Beat", "Heartbeats", "interval_s", "owner_alive_here", "process_create_time",

@@ -162,12 +162,12 @@ def test_a_launch_removes_the_ipc_folders_of_autotune_processes_that_are_gone(fa
     monkeypatch.setenv("TMPDIR", str(base))
     monkeypatch.setattr("tempfile.tempdir", None)
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
-    gone_start = int(psutil.Process(gone.pid).create_time())
+    gone_start = round(psutil.Process(gone.pid).create_time() * 100)
     gone.wait()
     me = psutil.Process(os.getpid())
     dead = base / f"autotune-rpc-{gone.pid}-{gone_start}-abc123"          # its owner was SIGKILLed
-    reused = base / f"autotune-rpc-{os.getpid()}-{int(me.create_time()) - 100}-abc123"   # its PID reused since
-    live = base / f"autotune-rpc-{os.getpid()}-{int(me.create_time())}-abc123"           # a running server's
+    reused = base / f"autotune-rpc-{os.getpid()}-{round(me.create_time() * 100) - 10000}-abc123"  # PID reused since
+    live = base / f"autotune-rpc-{os.getpid()}-{round(me.create_time() * 100)}-abc123"            # a running server's
     other = base / "autotune-rpc-notours"
     for folder in (dead, reused, live, other):
         folder.mkdir()

@@ -46,7 +46,8 @@ def confirm_parts(driver: StudyDriver) -> list[BudgetPart]:
             tagged = (lambda text: phase(f"[round {rnd.number + 1}/{repeats}] {text}")) if driver.tag_phases else phase
             result = run_round(spec, driver.store, driver.record, driver.runner, rnd, repeats=repeats, phase=tagged,
                                say=driver.progress.message, deadline=driver.deadline, lease=lease,
-                               expected_s=expected_trial_s(driver.store.trial_times(driver.record.id)) or 0.0)
+                               expected_s=expected_trial_s(driver.store.trial_times(driver.record.id)) or 0.0,
+                               budget_s=driver.timeout_s)
             if result.stopped_by:
                 with lock:
                     left = result.pending + sum(len(r.repeats) for r in rounds if r.number not in started)

@@ -106,15 +106,25 @@ def plan_rounds(spec: StudySpec, store: ResultStore, study: StudyRecord, *, top_
 
 def run_round(spec: StudySpec, store: ResultStore, study: StudyRecord, runner: TrialRunner, rnd: Round, *,
               repeats: int, phase: Callable[[str], None], say: Callable[[str], None], deadline: float | None = None,
-              expected_s: float = 0.0, lease: Lease | None = None) -> ConfirmResult:
+              expected_s: float = 0.0, lease: Lease | None = None, budget_s: float | None = None) -> ConfirmResult:
     """Run one round's missing repeats in order on fresh servers (with a `lease`: its GPUs, ports and
     cores, recorded on every row). A repeat that would not finish before `deadline` is not started
-    (`stopped_by` "timeout", `pending` what is left of the round). A repeat whose measurement worker died
+    (`stopped_by` "timeout", `pending` what is left of the round), and a round none of whose repeats is
+    stored yet is not started unless all of them fit (`expected_s` each): a round is one paired
+    comparison, and one cut by the deadline would be finished by a later run, on another machine or
+    another night, which is what pairing inside a round is there to exclude. Only when the invocation's
+    whole time (`budget_s`) could never hold a round do its repeats run one by one. A repeat whose measurement worker died
     measured nothing: it is not stored, so the next call runs it. Interrupts propagate after the running
     server is stopped; the rows stored so far stay. Several processes may confirm one study (they share
     its storage): a repeat another one has stored since the plan is skipped, and one it stores while this
     one measures is kept (theirs), not an error."""
     done = 0
+    if deadline is not None and expected_s > 0 and not any(_stored(store, study, t, rnd.number) for _, t in rnd.repeats):
+        need, left = expected_s * len(rnd.repeats), deadline - time.monotonic()
+        if left < need and (budget_s is None or budget_s >= need):
+            say(f"[confirm {rnd.number + 1}/{repeats}] round not started: its {len(rnd.repeats)} repeat(s) take "
+                f"~{need:.0f} s and {max(left, 0):.0f} s are left (a round runs whole, its pairs on one machine)")
+            return ConfirmResult(0, len(rnd.repeats), "timeout")
     for n, (pos, t) in enumerate(rnd.repeats):
         if deadline is not None:
             left = deadline - time.monotonic()
@@ -161,7 +171,7 @@ def stopped_line(left: int) -> str:
 def confirm_study(spec: StudySpec, store: ResultStore, study: StudyRecord, runner: TrialRunner, *,
                   top_k: int, repeats: int, phase: Callable[[str], None], say: Callable[[str], None],
                   deadline: float | None = None, expected_s: float = 0.0, lease: Lease | None = None,
-                  max_extra: int = 0) -> ConfirmResult:
+                  max_extra: int = 0, budget_s: float | None = None) -> ConfirmResult:
     """Run the missing repeats round after round on one lease (`autotune confirm`; `run` and the daemon
     hand the rounds to the scheduler as jobs instead, tuner/after_budget.py). Interrupts propagate after
     the running server is stopped."""
@@ -169,7 +179,7 @@ def confirm_study(spec: StudySpec, store: ResultStore, study: StudyRecord, runne
     done = 0
     for k, rnd in enumerate(rounds):
         result = run_round(spec, store, study, runner, rnd, repeats=repeats, phase=phase, say=say,
-                           deadline=deadline, expected_s=expected_s, lease=lease)
+                           deadline=deadline, expected_s=expected_s, lease=lease, budget_s=budget_s)
         done += result.done
         if result.stopped_by is not None:
             left = result.pending + sum(len(r.repeats) for r in rounds[k + 1:])

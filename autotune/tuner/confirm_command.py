@@ -45,7 +45,8 @@ def confirm_command(args: argparse.Namespace) -> int:
         raise UserError("--extra must be 0 or more")
     if repeats < 3:
         raise UserError("--repeats must be at least 3: fewer paired rounds give no interval worth reading")
-    deadline = time.monotonic() + parse_duration(args.timeout) if args.timeout is not None else None
+    budget_s = parse_duration(args.timeout) if args.timeout is not None else None
+    deadline = time.monotonic() + budget_s if budget_s is not None else None
     engine = build_engine(spec, list(study.engine_command))
     log_dir = log_dir_for(spec)
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -57,7 +58,8 @@ def confirm_command(args: argparse.Namespace) -> int:
                 result = confirm_study(spec, store, study, runner, top_k=top, repeats=repeats,
                                        max_extra=extra,
                                        phase=progress.phase, say=progress.message, deadline=deadline,
-                                       expected_s=expected_trial_s(store.trial_times(study.id)) or 0.0)
+                                       expected_s=expected_trial_s(store.trial_times(study.id)) or 0.0,
+                                       budget_s=budget_s)
                 stopped = result.stopped_by
             except Interrupted as e:
                 stopped = e.reason

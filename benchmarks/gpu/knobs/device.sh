@@ -57,6 +57,48 @@ deadline() {   # deadline STUDY TAG: issue 22's "a --timeout after a trial's las
   (cd /tmp && tar czf "$OUT/logs-$study-$tag.tgz" knobs/*-logs 2>/dev/null)
 }
 
+# The studies can also run in the background for the whole lease, under setsid so that they outlive the
+# call that started them, while later calls only watch (no call's margins cut a trial or a repeat):
+#   bash benchmarks/gpu/knobs/device.sh start DEADLINE long chat   # DEADLINE: epoch seconds; then watch
+#   T0=$(date +%s) bash benchmarks/gpu/knobs/device.sh watch c11        # every next call, within 30 s
+start() {   # start DEADLINE STUDY...: `chain` in the background, from a copy of the tree in /tmp/asrc
+  wait_models
+  mkdir -p "$D" /tmp/asrc/benchmarks/gpu/knobs && rm -f "$D/chain.done"
+  rm -rf /tmp/asrc/autotune && cp -r autotune search_spaces studies /tmp/asrc/
+  cp benchmarks/gpu/models.sh /tmp/asrc/benchmarks/gpu/ && cp "$0" /tmp/asrc/benchmarks/gpu/knobs/device.sh
+  (cd /tmp/asrc && PYTHONPATH=/tmp/asrc setsid nohup bash benchmarks/gpu/knobs/device.sh chain "$@" \
+      > "$D/chain.log" 2>&1 < /dev/null &)
+  sleep 1; cat "$D/chain.log"
+}
+
+chain() {   # chain DEADLINE STUDY...: each study in turn (its trials, then its confirmation) until DEADLINE
+  local deadline=$1 study t; shift
+  for study in "$@"; do
+    t=$(( deadline - $(date +%s) ))
+    if [ "$t" -lt 200 ]; then echo "$(date +%T) $study: not started, ${t} s left"; continue; fi
+    echo "$(date +%T) h200-knobs-$study with --timeout ${t}s"
+    python3 -m autotune run --study "studies/h200-knobs-$study.yaml" --storage "sqlite:///$D/$study.db" \
+        --timeout "${t}s" --no-progress >> "$D/run-$study.log" 2>&1
+    echo "$(date +%T) $study: exit $?"
+  done
+  touch "$D/chain.done"
+}
+
+watch() {   # watch TAG: until the chain is done or this call is nearly out of time, then into $OUT a
+  # consistent copy of every study DB (sqlite's backup, the run may be writing), show, the logs
+  local db study
+  until [ -f "$D/chain.done" ] || [ "$(left)" -lt 60 ]; do sleep 5; done
+  cat "$D/chain.log"
+  for db in "$D"/*.db; do
+    study=$(basename "$db" .db)
+    python3 -c "import sqlite3, sys; sqlite3.connect(sys.argv[1]).backup(sqlite3.connect(sys.argv[2]))" "$db" "$OUT/$study.db"
+    tail -3 "$D/run-$study.log" 2>/dev/null
+    python3 -m autotune show --storage "sqlite:///$OUT/$study.db" > "$OUT/show-$study-$1.txt" 2>&1
+  done
+  (cd /tmp && tar czf "$OUT/logs-$1.tgz" knobs/*.log knobs/*-logs 2>/dev/null; nvidia-smi > "$OUT/nvidia-smi-$1.txt" 2>&1)
+  echo "watch $1 done, $(left) s left, chain $( [ -f "$D/chain.done" ] && echo done || echo running)"
+}
+
 collect() {   # collect STUDY: what RESULTS.md quotes (no GPU needed)
   local study=$1
   local url="sqlite:///$D/$study.db"     # (one `local` expands every word before it assigns any)

@@ -1,0 +1,91 @@
+"""A confirmation round runs whole under a deadline (tuner/confirm.py): a fresh round that the time left
+cannot hold is not started, so its pairs never span two runs (another machine, another night); a round
+already begun is finished repeat by repeat; an invocation whose whole time could never hold a round
+still runs repeats one by one. Through a real SQLite store, with a runner that measures nothing and a
+clock that only it moves (600 s a repeat)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from autotune.spec import build_spec
+from autotune.store.repository import ResultStore
+from autotune.tuner import confirm
+from autotune.tuner.confirm import Round, run_round
+from autotune.tuner.trial import TrialOutcome
+
+OBJECTIVES = [["capacity_tps", "maximize"], ["p50_tpot_ms", "minimize"]]
+
+
+class CountingRunner:
+    """Stands in for TrialRunner: every repeat it is asked for takes 600 s of `now` and meets the SLO at
+    2,000 tok/s."""
+
+    def __init__(self) -> None:
+        self.ran: list[int] = []
+        self.now = 0.0
+
+    def run(self, number: int, *args: Any, **kwargs: Any) -> TrialOutcome:
+        self.ran.append(number)
+        self.now += 600.0
+        return TrialOutcome("ok", observed={"capacity_tps": 2000.0, "p50_tpot_ms": 12.0},
+                            metrics={"p99_ttft_ms": 500.0})
+
+
+def _setup(tmp_path: Path) -> tuple[Any, ResultStore, Any, list[Any]]:
+    spec = build_spec({"name": "r", "model": "/models/m", "slo": "ttft:p99<=1s",
+                       "objectives": ["capacity_tps", "p50_tpot_ms"]}, "t")
+    store = ResultStore(f"sqlite:///{tmp_path}/r.db")
+    study = store.ensure_study(
+        name="r", model="/models/m", engine_kind="vllm", engine_command=["vllm", "serve"], fixed_flags=[],
+        space_hash="h", spec_hash="x", spec={}, objectives=OBJECTIVES, slo="ttft:p99<=1000ms", quality_knobs=[])
+    trials = [store.save_trial(study.id, n, optuna_trial_id=n, role=role, state="ok", params={}, flags=flags,
+                               objectives={"capacity_tps": 1900.0 + n, "p50_tpot_ms": 12.0},
+                               constraints={"slo:ttft:p99": -50.0, "failure": 0.0}, metrics={},
+                               spec_hash="x", capacity={"mode": "concurrency", "capacity": 32, "bracket": [32, 40]})
+              for n, role, flags in [(0, "baseline", []), (1, "search", ["--max-num-seqs", "64"])]]
+    return spec, store, study, trials
+
+
+def _round(trials: list[Any]) -> Round:
+    return Round(0, 123, [(i, t) for i, t in enumerate(trials)])
+
+
+def _run(spec: Any, store: ResultStore, study: Any, runner: CountingRunner, trials: list[Any], said: list[str],
+         left_s: float, budget_s: float | None, monkeypatch: Any) -> Any:
+    monkeypatch.setattr(confirm, "time", SimpleNamespace(monotonic=lambda: runner.now))
+    return run_round(spec, store, study, runner, _round(trials), repeats=3, phase=lambda _: None, say=said.append,
+                     deadline=runner.now + left_s, expected_s=600.0, budget_s=budget_s)
+
+
+def test_a_fresh_round_that_the_deadline_would_cut_is_not_started(tmp_path: Path, monkeypatch) -> None:
+    spec, store, study, trials = _setup(tmp_path)
+    runner, said = CountingRunner(), []
+    # two repeats of ~600 s each, ~1,000 s left: the first would fit, the round would not
+    result = _run(spec, store, study, runner, trials, said, left_s=1000, budget_s=8 * 3600, monkeypatch=monkeypatch)
+    assert (result.done, result.pending, result.stopped_by) == (0, 2, "timeout")
+    assert runner.ran == [] and store.confirmations(study.id) == []
+    assert any("round not started: its 2 repeat(s) take ~1200 s" in s for s in said), said
+    # with room for the whole round it runs, in the round's order
+    result = _run(spec, store, study, runner, trials, said, left_s=1300, budget_s=8 * 3600, monkeypatch=monkeypatch)
+    assert (result.done, result.pending, result.stopped_by) == (2, 0, None) and runner.ran == [0, 1]
+
+
+def test_a_begun_round_is_finished_repeat_by_repeat(tmp_path: Path, monkeypatch) -> None:
+    spec, store, study, trials = _setup(tmp_path)
+    runner, said = CountingRunner(), []
+    store.save_confirmation(study_id=study.id, trial_id=trials[0].id, round=0, position=0, seed=123, state="ok",
+                            objectives={"capacity_tps": 1950.0, "p50_tpot_ms": 12.0}, constraints={})
+    result = _run(spec, store, study, runner, trials, said, left_s=700, budget_s=8 * 3600, monkeypatch=monkeypatch)
+    assert (result.done, result.stopped_by) == (1, None) and runner.ran == [1]
+    assert not any("round not started" in s for s in said)
+
+
+def test_an_invocation_too_short_for_any_round_still_runs_repeats(tmp_path: Path, monkeypatch) -> None:
+    spec, store, study, trials = _setup(tmp_path)
+    runner, said = CountingRunner(), []
+    # a --timeout of 1,000 s can never hold a 1,200 s round: the repeats run one by one as before
+    result = _run(spec, store, study, runner, trials, said, left_s=1000, budget_s=1000, monkeypatch=monkeypatch)
+    assert (result.done, result.pending, result.stopped_by) == (1, 1, "timeout") and runner.ran == [0]

@@ -40,7 +40,8 @@ class WarmStart:
         self._settled = threading.Event()
         self._ranked = threading.Event()   # every candidate ranked, cached and the picks refined
         self.picks: list[Pick] = []
-        # the knobs the twin models are ranked; the others are drawn for every pick inside the rules
+        self._slots = 0    # picks filled so far: the next one's place in the spread of unmodelled knobs
+        # the knobs the twin models are ranked; the others are spread over the picks inside the rules
         self.space, self.sampled = modelled_subspace(loop.space)
         self.candidates = draw_candidates(self.space, loop.fixed_flags, spec.num_gpus, spec.warm_start.candidates,
                                           spec.seed)
@@ -154,9 +155,10 @@ class WarmStart:
         loop = self.loop
         with loop._lock:
             for pick in picks:
-                # knobs the twin does not model are drawn for the pick, inside the rules (complete_pick)
+                # knobs the twin does not model are spread over the picks, inside the rules (complete_pick)
                 params = complete_pick(loop.space, pick, loop.fixed_flags, loop.spec.num_gpus,
-                                       seed=f"{loop.spec.seed}:{pick.rank}")
+                                       seed=f"{loop.spec.name}:{loop.spec.seed}", slot=self._slots)
+                self._slots += 1
                 if params is None:
                     self.progress.message(f"warm start: pick #{pick.rank} breaks a rule with every setting of "
                                           f"{', '.join(pick.sampled)} drawn for it: left out")

@@ -97,24 +97,37 @@ def rank(space: SearchSpace, predicted: Sequence[tuple[dict[str, Any], "dict[str
 
 
 def complete_pick(space: SearchSpace, pick: Pick, fixed_flags: Sequence[str], num_gpus: int, seed: str,
-                  tries: int = 200) -> dict[str, Any] | None:
-    """The pick's params with the knobs the twin does not model drawn at random (seeded: the same pick
-    gets the same draw), inside the whole space's rules; None when no draw of `tries` keeps them. Why not
-    leave those knobs to the sampler: the ranking checked the rules on the knobs it ranked only, and a
-    rule that joins one of each (with chunked MM input off, a token budget below the largest image) then
-    rejected 3 of 6 picks of an H200 study before launch (issue 25). A parent of a ranked knob keeps a
-    value under which that knob is active."""
-    rng = random.Random(seed)
+                  slot: int = 0, tries: int = 200) -> dict[str, Any] | None:
+    """The pick's params with the knobs the twin does not model filled in, inside the whole space's rules;
+    None when no fill of `tries` keeps them. `seed` is the study's (its name and seed), `slot` the pick's
+    place among the study's picks (0 first): the same pick of the same study gets the same fill.
+
+    The first fill spreads each categorical knob over the picks: pick `slot` takes the choice `slot`
+    places after an offset drawn for the study and the knob, so k picks try k different values (as many
+    as the knob has), and other studies start elsewhere. Independent draws per pick, seeded by the
+    pick's rank, gave the top pick of every study with seed 0 one and the same fill: both H200 studies
+    of issue 24 spent their twin's #1 trial on TRITON_ATTN, stream interval 2 and block size 16. Numeric
+    knobs, and the fills after a first that breaks a rule, are drawn.
+
+    Why not leave those knobs to the sampler: the ranking checked the rules on the knobs it ranked only,
+    and a rule that joins one of each (with chunked MM input off, a token budget below the largest image)
+    then rejected 3 of 6 picks of an H200 study before launch (issue 25). A parent of a ranked knob keeps
+    a value under which that knob is active."""
+    rng = random.Random(f"{seed}:{slot}")
     order = [p for p in space._ordered() if p.name in pick.sampled]
     ranked = [space.params[n] for n in pick.params if n in space.params]
-    for _ in range(tries):
+    for attempt in range(tries):
         cand = dict(pick.params)
         for p in order:
             if not space._active(p, cand):
                 continue
             needed = [c.when[p.name] for c in ranked if p.name in c.when]
             choices = [v for v in p.choices if all(v in n for n in needed)] if p.kind in ("bool", "categorical") else []
-            cand[p.name] = rng.choice(choices) if choices else draw_value(p, rng)
+            if choices and attempt == 0:
+                offset = random.Random(f"{seed}:{p.name}").randrange(len(p.choices))
+                cand[p.name] = choices[(offset + slot) % len(choices)]
+            else:
+                cand[p.name] = rng.choice(choices) if choices else draw_value(p, rng)
         if all(space._active(c, cand) for c in ranked) and not space.violations(cand, fixed_flags, num_gpus):
             return cand
     return None

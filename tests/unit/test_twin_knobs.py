@@ -136,11 +136,11 @@ def test_a_pick_gets_its_unmodelled_knobs_drawn_inside_the_rules():
     sub, left = modelled_subspace(space)
     assert "disable_chunked_mm_input" in left and "max_num_batched_tokens" in sub.params
     pick = Pick({"max_num_batched_tokens": 2048, "max_num_seqs": 16, "limit_mm_per_prompt": "img2"}, 1, {}, left)
-    drawn = [complete_pick(space, pick, [], 1, seed=f"0:{i}") for i in range(30)]
+    drawn = [complete_pick(space, pick, [], 1, seed="s:0", slot=i) for i in range(30)]
     assert all(d is not None and d["disable_chunked_mm_input"] is False and d["max_num_batched_tokens"] == 2048
                and not space.violations(d, [], 1) for d in drawn)
     assert all(set(d) == set(pick.params) | set(left) for d in drawn)          # every unmodelled knob drawn
-    assert complete_pick(space, pick, [], 1, seed="0:1") == drawn[1]
+    assert complete_pick(space, pick, [], 1, seed="s:0", slot=1) == drawn[1]
     assert len({json.dumps(d, sort_keys=True) for d in drawn}) > 1             # drawn, not one fixed fill
 
     cond = SearchSpace.from_mapping({"params": {
@@ -149,4 +149,30 @@ def test_a_pick_gets_its_unmodelled_knobs_drawn_inside_the_rules():
         "long_prefill_token_threshold": {"type": "categorical", "choices": [0, 512], "default": 0,
                                          "when": {"stream_interval": [1]}}}}, "t")
     pick = Pick({"max_num_seqs": 64, "long_prefill_token_threshold": 512}, 1, {}, ["stream_interval"])
-    assert all(complete_pick(cond, pick, [], 1, seed=str(i))["stream_interval"] == 1 for i in range(10))
+    assert all(complete_pick(cond, pick, [], 1, seed="s:0", slot=i)["stream_interval"] == 1 for i in range(10))
+
+
+def test_the_picks_spread_each_unmodelled_knob_over_its_values_and_studies_start_apart():
+    """Both H200 studies of issue 24 (seed 0) filled their twin's #1 pick alike (TRITON_ATTN, stream
+    interval 2, block size 16): the fill was drawn per pick rank. Now k picks of a study take k different
+    values of each categorical knob the twin does not model, and the spread's start depends on the study."""
+    from autotune.tuner.warmstart import Pick, complete_pick
+
+    space = SearchSpace.from_mapping({"params": {
+        "max_num_seqs": {"type": "int", "low": 16, "high": 512, "log": True, "default": 256},
+        "attention_backend": {"type": "categorical", "choices": ["none", "FLASH_ATTN", "TRITON_ATTN"],
+                              "default": "none"},
+        "block_size": {"type": "categorical", "choices": [16, 32, 64, 128], "default": 16},
+        "async_scheduling": {"type": "bool", "default": False}}}, "t")
+    left = ["attention_backend", "block_size", "async_scheduling"]
+    pick = Pick({"max_num_seqs": 64}, 1, {}, left)
+
+    def fills(seed: str, k: int) -> list[dict]:
+        return [complete_pick(space, pick, [], 1, seed=seed, slot=i) for i in range(k)]
+
+    three = fills("chat:0", 3)
+    assert len({f["attention_backend"] for f in three}) == 3 and len({f["block_size"] for f in three}) == 3
+    assert len({f["async_scheduling"] for f in three[:2]}) == 2
+    assert fills("chat:0", 3) == three                                   # the same study fills alike
+    firsts = {json.dumps(fills(f"study-{n}:0", 1)[0], sort_keys=True) for n in range(12)}
+    assert len(firsts) > 1                                               # other studies start elsewhere

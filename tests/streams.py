@@ -35,7 +35,7 @@ FAST = "not (e2e or vllm or postgres or browser or study)"     # `--fast`: the d
 # Seconds each heavy job took beside two others (docs/TESTING.md); the pool starts the longest first,
 # so that no long job starts last. A file not named here is assumed short and joins "rest".
 E2E = {"test_tuning_loop": 700, "test_vlm_study": 330, "test_engine_vllm": 150,
-       "test_trace_study": 210, "test_fault_matrix_vllm": 185}
+       "test_trace_study": 210, "test_fault_matrix_vllm": 185, "test_speculative_vllm": 200}
 HEAVY = {"integration/test_after_budget_sim.py": 310, "integration/test_scheduler_sim.py": 300,
          "integration/test_study_loop_sim.py": 180, "integration/test_report_sim.py": 170,
          "integration/test_daemon_sim.py": 150, "integration/test_confirm_sim.py": 115,

@@ -40,6 +40,9 @@ def format_measurement(m: Measurement, title: str = "Serving Benchmark Result") 
         lines += [_row("Request goodput (req/s):", x["goodput"]), _row("SLO attainment (%):", x["slo_attainment_pct"])]
     if x.get("prefix_cache_hit_pct") is not None:
         lines.append(_row("Prefix cache hits (server, %):", x["prefix_cache_hit_pct"]))
+    if x.get("spec_acceptance_pct") is not None:     # the server ran speculative decoding (its /metrics)
+        lines += [_row("Draft tokens (speculative):", int(x["spec_draft_tokens"])),
+                  _row("Draft acceptance rate (%):", x["spec_acceptance_pct"])]
     if x.get("steady_output_throughput") is not None:
         lines.append(_row("Steady output throughput (tok/s):", x["steady_output_throughput"]))
     lines += [_row("Output token throughput (tok/s):", x["output_throughput"]),

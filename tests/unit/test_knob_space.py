@@ -192,6 +192,10 @@ def test_the_cpu_space_holds_what_the_cpu_build_uses():
     # knobs the CPU build ignores are not searched there
     assert not {"async_scheduling", "max_cudagraph_capture_size", "enable_dbo", "attention_backend"} & set(space.params)
     assert re.fullmatch(r"[0-9a-f]{16}", space.fingerprint())
+    # n-gram speculation runs on the CPU build (tests/e2e/test_speculative_vllm.py), searched on opt-in only
+    spec = space.params["speculative_config"]
+    assert spec.opt_in == "speculative" and spec.default == "none"
+    assert "speculative_config" not in space.narrowed(1, False).params
 
 
 def _sim_raw(tmp_path, **over):

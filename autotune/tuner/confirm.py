@@ -119,7 +119,8 @@ def run_round(spec: StudySpec, store: ResultStore, study: StudyRecord, runner: T
     its storage): a repeat another one has stored since the plan is skipped, and one it stores while this
     one measures is kept (theirs), not an error."""
     done = 0
-    if deadline is not None and expected_s > 0 and not any(_stored(store, study, t, rnd.number) for _, t in rnd.repeats):
+    begun = any(r.round == rnd.number for r in store.confirmations(study.id))
+    if deadline is not None and expected_s > 0 and not begun:
         need, left = expected_s * len(rnd.repeats), deadline - time.monotonic()
         if left < need and (budget_s is None or budget_s >= need):
             say(f"[confirm {rnd.number + 1}/{repeats}] round not started: its {len(rnd.repeats)} repeat(s) take "

@@ -34,7 +34,7 @@ class CountingRunner:
                             metrics={"p99_ttft_ms": 500.0})
 
 
-def _setup(tmp_path: Path) -> tuple[Any, ResultStore, Any, list[Any]]:
+def _setup(tmp_path: Path, count: int = 2) -> tuple[Any, ResultStore, Any, list[Any]]:
     spec = build_spec({"name": "r", "model": "/models/m", "slo": "ttft:p99<=1s",
                        "objectives": ["capacity_tps", "p50_tpot_ms"]}, "t")
     store = ResultStore(f"sqlite:///{tmp_path}/r.db")
@@ -45,19 +45,22 @@ def _setup(tmp_path: Path) -> tuple[Any, ResultStore, Any, list[Any]]:
                                objectives={"capacity_tps": 1900.0 + n, "p50_tpot_ms": 12.0},
                                constraints={"slo:ttft:p99": -50.0, "failure": 0.0}, metrics={},
                                spec_hash="x", capacity={"mode": "concurrency", "capacity": 32, "bracket": [32, 40]})
-              for n, role, flags in [(0, "baseline", []), (1, "search", ["--max-num-seqs", "64"])]]
+              for n, role, flags in [(0, "baseline", []), (1, "search", ["--max-num-seqs", "64"]),
+                                     (2, "search", ["--max-num-seqs", "128"])][:count]]
     return spec, store, study, trials
 
 
-def _round(trials: list[Any]) -> Round:
-    return Round(0, 123, [(i, t) for i, t in enumerate(trials)])
+def _round(store: ResultStore, study: Any, trials: list[Any]) -> Round:
+    """Round 0 as plan_rounds hands it over: only the repeats not stored yet."""
+    have = {r.trial_id for r in store.confirmations(study.id) if r.round == 0}
+    return Round(0, 123, [(i, t) for i, t in enumerate(trials) if t.id not in have])
 
 
 def _run(spec: Any, store: ResultStore, study: Any, runner: CountingRunner, trials: list[Any], said: list[str],
          left_s: float, budget_s: float | None, monkeypatch: Any) -> Any:
     monkeypatch.setattr(confirm, "time", SimpleNamespace(monotonic=lambda: runner.now))
-    return run_round(spec, store, study, runner, _round(trials), repeats=3, phase=lambda _: None, say=said.append,
-                     deadline=runner.now + left_s, expected_s=600.0, budget_s=budget_s)
+    return run_round(spec, store, study, runner, _round(store, study, trials), repeats=3, phase=lambda _: None,
+                     say=said.append, deadline=runner.now + left_s, expected_s=600.0, budget_s=budget_s)
 
 
 def test_a_fresh_round_that_the_deadline_would_cut_is_not_started(tmp_path: Path, monkeypatch) -> None:
@@ -74,12 +77,13 @@ def test_a_fresh_round_that_the_deadline_would_cut_is_not_started(tmp_path: Path
 
 
 def test_a_begun_round_is_finished_repeat_by_repeat(tmp_path: Path, monkeypatch) -> None:
-    spec, store, study, trials = _setup(tmp_path)
+    spec, store, study, trials = _setup(tmp_path, count=3)
     runner, said = CountingRunner(), []
     store.save_confirmation(study_id=study.id, trial_id=trials[0].id, round=0, position=0, seed=123, state="ok",
                             objectives={"capacity_tps": 1950.0, "p50_tpot_ms": 12.0}, constraints={})
+    # two repeats left (~1,200 s), ~700 s: the begun round is not held back, one more repeat fits
     result = _run(spec, store, study, runner, trials, said, left_s=700, budget_s=8 * 3600, monkeypatch=monkeypatch)
-    assert (result.done, result.stopped_by) == (1, None) and runner.ran == [1]
+    assert (result.done, result.pending, result.stopped_by) == (1, 1, "timeout") and runner.ran == [1]
     assert not any("round not started" in s for s in said)
 
 

@@ -13,6 +13,7 @@ import argparse
 import datetime as dt
 import os
 import signal
+import sys
 import threading
 import time
 from collections import Counter
@@ -116,7 +117,10 @@ class Daemon:
     def say(self, text: str) -> None:
         """One line on stdout and in LOG_ROOT/HOST/daemon.log (an overnight terminal may be gone)."""
         line = f"{dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M:%S} {self.host} {mask_url(text)}"
-        print(line, flush=True)
+        # one write: print() writes the text and its newline apart, and a trial's phase line printed by
+        # another thread in between joined this one (a test read "...report.html  [trial 3] stopping server")
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
         try:
             self.log_dir.mkdir(parents=True, exist_ok=True)
             with open(self.log_dir / "daemon.log", "a") as f:

@@ -181,7 +181,15 @@ def _child_main(conn: Connection, target: str, cores: tuple[int, ...], parent_pi
         except OSError:
             pass
     module, _, function = target.partition(":")
-    getattr(importlib.import_module(module), function)(Channel(conn))
+    try:
+        getattr(importlib.import_module(module), function)(Channel(conn))
+    except Exception:
+        # the tuner died (SIGKILL, OOM): the kernel closes its end of the pipe before it sends the
+        # parent-death signal, so the worker can meet the broken channel first; nobody is left to
+        # report to, and a traceback half-printed into the user's terminal before the signal lands is noise
+        if os.getppid() != parent_pid:
+            os._exit(1)
+        raise
 
 
 __all__ = ["Channel", "PROCESS_NAME", "Worker", "WorkerDied"]

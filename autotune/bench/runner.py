@@ -30,6 +30,9 @@ from autotune.telemetry.metrics import VllmReading, spec_decode_stats
 DEFAULT_NUM_REQUESTS = 200
 PREOPEN_MAX = 256      # sockets opened before a step's clock starts, at most
 ABORT_POLL_S = 0.05   # how often in-flight requests are checked against TTFT/E2EL limits
+COUNTER_READS = 3            # tries at the server's /metrics before a run goes without its counters
+COUNTER_READ_TIMEOUT_S = 10  # each try's limit: a loaded host's server can be seconds late with the page
+COUNTER_RETRY_PAUSE_S = 0.5
 
 
 def _arrivals(concurrency: int | None, rate: float | None, burstiness: float, seed: int,
@@ -137,19 +140,33 @@ async def run_load(base_url: str, model: str, workload: Workload, *, concurrency
                                             "duration_s": duration_s, "settle": settle}, settle)
 
 
-async def prefix_counters(client: StreamClient) -> VllmReading | None:
+async def prefix_counters(client: StreamClient, attempts: int = COUNTER_READS,
+                          timeout_s: float = COUNTER_READ_TIMEOUT_S) -> VllmReading | None:
     """The server's prefix-cache (and speculative-decoding) counters from /metrics, or None where it has
     none. Read around the measured requests so a run can say how much of its prompt work the cache
     served: prompts replayed into a warm cache (same seed twice, a reset that did not happen) make
-    latencies look better than the configuration is; and how many draft tokens were accepted."""
-    try:
-        async with client.session.get(client.base_url + "/metrics", timeout=aiohttp.ClientTimeout(total=5)) as r:
-            if r.status != 200:
-                return None
-            reading = VllmReading.from_text(await r.text())
-    except (aiohttp.ClientError, OSError, asyncio.TimeoutError, UnicodeDecodeError):
-        return None
-    return reading if reading.prefix_queries_total is not None or reading.spec_draft_tokens_total is not None else None
+    latencies look better than the configuration is; and how many draft tokens were accepted.
+
+    A read that fails (a timeout, a refused or broken connection, an answer other than 200 or 404) is
+    tried again: one lost reading on either side of the run loses the run's acceptance rate and hit
+    share, and a server on a busy host can be seconds late with its /metrics page. A 404 is a server
+    without /metrics and is not asked again."""
+    for attempt in range(attempts):
+        try:
+            async with client.session.get(client.base_url + "/metrics",
+                                          timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
+                if r.status == 404:
+                    return None
+                if r.status == 200:
+                    reading = VllmReading.from_text(await r.text())
+                    if reading.prefix_queries_total is None and reading.spec_draft_tokens_total is None:
+                        return None
+                    return reading
+        except (aiohttp.ClientError, OSError, asyncio.TimeoutError, UnicodeDecodeError):
+            pass
+        if attempt + 1 < attempts:
+            await asyncio.sleep(COUNTER_RETRY_PAUSE_S)
+    return None
 
 
 def prefix_hit_pct(before: VllmReading | None, after: VllmReading | None) -> float | None:

@@ -75,7 +75,9 @@ def test_an_opted_in_study_shows_the_real_servers_acceptance_and_the_random_weig
     assert "'method': 'ngram'" in _args_line(log1)          # what vLLM itself says it was started with
     m0, m1 = json.loads(metrics0), json.loads(metrics1)
     assert "spec_acceptance_pct" not in m0                    # no drafts: the baseline never speculated
-    assert m1["spec_draft_tokens"] > 0 and 0.0 <= m1["spec_acceptance_pct"] <= 100.0
+    # (the runner reads /metrics again when a read fails: one failed read on this busy box once left the
+    # trial without its counters and the test with a KeyError; the message says what the trial has)
+    assert m1.get("spec_draft_tokens", 0) > 0 and 0.0 <= m1["spec_acceptance_pct"] <= 100.0, m1
 
     shown = _autotune("show", "--storage", f"sqlite:///{db}", "--json", cwd=tmp_path)
     assert shown.returncode == 0, shown.stderr

@@ -20,4 +20,5 @@ def store_workload_profile(store: ResultStore, study_id: int, spec: StudySpec) -
         return
     tok = load_tokenizer(None, spec.model) if Path(spec.model).is_dir() else None
     workload = parse_workload(spec.workload)
-    store.save_workload_profile(study_id, {"workload": workload.params(), **describe(workload.one_pass(tok), tok)})
+    store.save_workload_profile(study_id, {"workload": workload.params(), "sample": workload.one_pass_is_sample,
+                                           **describe(workload.one_pass(tok), tok)})

@@ -14,6 +14,9 @@ from autotune.bench.trace.format import read_trace
 from autotune.bench.trace.prefix import shared_prefix_share
 from autotune.bench.workloads import Prompt, parse_workload
 from autotune.errors import UserError
+from autotune.spec import StudySpec
+from autotune.store.repository import ResultStore
+from autotune.tuner.workload_profile import store_workload_profile
 
 
 def test_prefix_share_counts_whole_blocks_of_the_longest_earlier_prefix() -> None:
@@ -54,6 +57,24 @@ def test_synthetic_workloads_are_described_by_a_sample() -> None:
     d = describe(parse_workload("prefix:prefix_len=64,suffix_len=16,output_len=8").one_pass(None), None)
     assert "arrivals" not in d and d["output_tokens"]["p50"] == 8
     assert d["prefix_share_pct"] > 50      # 64 of ~80 words repeat the shared prefix (4 whole blocks)
+
+
+def test_show_calls_a_synthetic_workloads_profile_a_sample_and_a_traces_its_requests(tmp_path: Path) -> None:
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(json.dumps({"t": i, "output_tokens": 2, "input_tokens": 3}) + "\n" for i in range(24)))
+    store = ResultStore(f"sqlite:///{tmp_path}/s.db")
+    heads = {}
+    for name, workload in (("synthetic", {"kind": "random", "input_len": 16, "output_len": 4}),
+                           ("trace", {"kind": "trace", "path": str(trace)})):
+        spec = StudySpec(name=name, model=str(tmp_path / "no-such-model"), workload=workload)
+        study = store.ensure_study(name=name, model=spec.model, engine_kind="vllm", engine_command=["vllm"],
+                                   fixed_flags=[], space_hash="h", spec_hash=name, spec={},
+                                   objectives=[["output_tps", "maximize"]], slo="ttft:p99<=1s", quality_knobs=[])
+        store_workload_profile(store, study.id, spec)
+        heads[name] = format_profile(store.workload_profile(study.id)).splitlines()[0]
+    # the study sends as many requests as its load asks: the profile is of a 100-prompt sample of them
+    assert heads["synthetic"] == "workload: a sample of 100 requests"
+    assert heads["trace"].startswith("workload: 24 requests, over 23.0 s")   # a trace's one pass is itself
 
 
 @pytest.mark.parametrize("line, message", [

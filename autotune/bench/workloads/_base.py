@@ -65,6 +65,10 @@ class Workload(ABC):
         server's token budget must hold."""
         return ()
 
+    # one_pass gives a sample, not the traffic itself: `show` must not print a synthetic workload's
+    # profile as "100 requests" when a study sends thousands of them
+    one_pass_is_sample = True
+
     def one_pass(self, tokenizer: Tokenizer | None, n: int = 100) -> list[Prompt]:
         """What describes the workload (bench/profile.py): a sample of `n` prompts; a trace gives itself."""
         return self.prompts(n, tokenizer=tokenizer)

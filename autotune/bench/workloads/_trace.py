@@ -93,6 +93,8 @@ class TraceWorkload(Workload):
                 yield self._prompt(r, rng, tokenizer, cycle * period, cycle)
             cycle += 1
 
+    one_pass_is_sample = False
+
     def one_pass(self, tokenizer: Tokenizer | None, n: int = 0) -> list[Prompt]:
         return list(islice(self.iter_prompts(0, tokenizer), self.size))
 

@@ -118,7 +118,9 @@ def format_profile(d: dict[str, Any]) -> str:
     """A few lines for `bench` and `show`."""
     if not d or not d.get("requests"):
         return "workload: no requests"
-    head = f"workload: a sample of {d['requests']} requests" if d.get("sample") else f"workload: {d['requests']} requests"
+    # profiles stored before "sample" was: every workload but a trace was described by a sample
+    sample = d.get("sample", d.get("workload", {}).get("kind") not in (None, "trace"))
+    head = f"workload: a sample of {d['requests']} requests" if sample else f"workload: {d['requests']} requests"
     if d.get("conversations"):
         head += f", {d['conversations']} multi-turn conversations ({d['turns_per_conversation']:.1f} turns each)"
     a = d.get("arrivals")

@@ -75,6 +75,8 @@ def test_show_calls_a_synthetic_workloads_profile_a_sample_and_a_traces_its_requ
     # the study sends as many requests as its load asks: the profile is of a 100-prompt sample of them
     assert heads["synthetic"] == "workload: a sample of 100 requests"
     assert heads["trace"].startswith("workload: 24 requests, over 23.0 s")   # a trace's one pass is itself
+    older = {k: v for k, v in store.workload_profile(1).items() if k != "sample"}   # stored before the key was
+    assert format_profile(older).startswith("workload: a sample of 100 requests")
 
 
 @pytest.mark.parametrize("line, message", [

@@ -71,15 +71,31 @@ start() {   # start DEADLINE STUDY...: `chain` in the background, from a copy of
   sleep 1; cat "$D/chain.log"
 }
 
-chain() {   # chain DEADLINE STUDY...: each study in turn (its trials, then its confirmation) until DEADLINE
-  local deadline=$1 study t; shift
+card() {   # h200, h100 or other: the card this machine has. A one-GPU call may get either kind, and a
+  # study stays on the card it began on (tuner/sharing.py refuses a resume on another GPU model), so the
+  # studies begun on an H200 keep their names and DBs, and another card's are named for it
+  case "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)" in
+    *H200*) echo h200 ;; *H100*) echo h100 ;; *) echo other ;;
+  esac
+}
+
+chain() {   # chain DEADLINE STUDY...|auto: each study in turn (its trials, then its confirmation) until
+  # DEADLINE; `auto`: on the H200 the three studies begun there, on another card the decode study first
+  # (none of it ran anywhere yet), then chat, then long
+  local deadline=$1 study t c name db; shift
+  c=$(card)
+  if [ "$*" = auto ]; then
+    if [ "$c" = h200 ]; then set -- long chat decode; else set -- decode chat long; fi
+  fi
   for study in "$@"; do
+    name=h200-knobs-$study db=$D/$study.db
+    [ "$c" = h200 ] || { name=$c-knobs-$study; db=$D/$c-$study.db; }
     t=$(( deadline - $(date +%s) ))
-    if [ "$t" -lt 200 ]; then echo "$(date +%T) $study: not started, ${t} s left"; continue; fi
-    echo "$(date +%T) h200-knobs-$study with --timeout ${t}s"
-    python3 -m autotune run --study "studies/h200-knobs-$study.yaml" --storage "sqlite:///$D/$study.db" \
-        --timeout "${t}s" --no-progress >> "$D/run-$study.log" 2>&1
-    echo "$(date +%T) $study: exit $?"
+    if [ "$t" -lt 200 ]; then echo "$(date +%T) $name: not started, ${t} s left"; continue; fi
+    echo "$(date +%T) $name with --timeout ${t}s"
+    python3 -m autotune run --study "studies/h200-knobs-$study.yaml" --study-name "$name" \
+        --storage "sqlite:///$db" --timeout "${t}s" --no-progress >> "$D/run-$name.log" 2>&1
+    echo "$(date +%T) $name: exit $?"
   done
   touch "$D/chain.done"
 }
@@ -92,9 +108,9 @@ watch() {   # watch TAG: until the chain is done or this call is nearly out of t
   for db in "$D"/*.db; do
     study=$(basename "$db" .db)
     python3 -c "import sqlite3, sys; sqlite3.connect(sys.argv[1]).backup(sqlite3.connect(sys.argv[2]))" "$db" "$OUT/$study.db"
-    tail -3 "$D/run-$study.log" 2>/dev/null
     python3 -m autotune show --storage "sqlite:///$OUT/$study.db" > "$OUT/show-$study-$1.txt" 2>&1
   done
+  tail -n 3 "$D"/run-*.log 2>/dev/null
   (cd /tmp && tar czf "$OUT/logs-$1.tgz" knobs/*.log knobs/*-logs 2>/dev/null; nvidia-smi > "$OUT/nvidia-smi-$1.txt" 2>&1)
   echo "watch $1 done, $(left) s left, chain $( [ -f "$D/chain.done" ] && echo done || echo running)"
 }

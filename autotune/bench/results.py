@@ -85,8 +85,26 @@ class Measurement:
                                "aborted_early": self.aborted_early, "measurement_flags": list(self.flags),
                                "first_wave": self.first_wave_summary()}
         if with_records:
-            out["requests"] = [asdict(r) for r in self.records]
+            out["requests"] = [stored_record(r) for r in self.records]
         return out
+
+
+US_MS, US_S = 3, 6   # decimals of a microsecond in milliseconds and in seconds
+
+
+def stored_record(r: RequestRecord) -> dict[str, Any]:
+    """A request as JSON, its times to the microsecond. The client's clock says nothing finer, and the
+    full digits of every inter-token gap made one decode-heavy trial's requests 7.0 MB in the study DB
+    (686 requests of 512 tokens at 343 streams, on an H100): 2.9 MB in this form, 0.8 MB gzipped against 2.6."""
+    d = asdict(r)
+    d["itl_ms"] = [round(x, US_MS) for x in r.itl_ms]
+    for k in ("ttft_ms", "e2el_ms"):
+        if d[k] is not None:
+            d[k] = round(d[k], US_MS)
+    for k in ("start_s", "scheduled_s"):
+        if d[k] is not None:
+            d[k] = round(d[k], US_S)
+    return d
 
 
 @dataclass

@@ -1,10 +1,12 @@
 """Percentile, TPOT, goodput and failed-request math against hand-computed values."""
 
+import json
+
 import numpy as np
 import pytest
 
 from autotune.bench.metrics import FAILED_MS, distribution, peak_concurrency, slo_margins, summarize
-from autotune.bench.results import RequestRecord
+from autotune.bench.results import Measurement, RequestRecord
 from autotune.slo import SLO
 
 
@@ -78,3 +80,22 @@ def test_a_request_read_in_one_go_has_no_tpot_rather_than_zero():
     m = summarize([lumped, rec(0.2, 100.0, 250.0, 16, itl=[10.0] * 15)], duration_s=1.0)
     assert m["median_tpot_ms"] == pytest.approx(10.0)         # the one request that measured it
     assert "median_tpot_ms" not in summarize([lumped], duration_s=1.0)   # none measured: no figure, not 0
+
+
+def test_stored_requests_keep_their_times_to_the_microsecond() -> None:
+    """The study DB holds every capacity step's requests: their times are rounded to what the client's
+    clock can tell (1 us), the SLO figures computed from the same records are not changed by it, and a
+    decode-heavy request's record shrinks to under half its full-digit JSON."""
+    itl = [19.904779000000870 + i * 0.1234567891 for i in range(511)]
+    rec = RequestRecord(start_s=467.209073567123, ttft_ms=381.52293100000634, e2el_ms=10387.912429999971,
+                        itl_ms=itl, input_tokens=128, output_tokens=512, ok=True, scheduled_s=None)
+    m = Measurement(metrics={}, records=[rec])
+    stored = m.to_json()["requests"][0]
+    assert stored["start_s"] == 467.209074 and stored["ttft_ms"] == 381.523 and stored["e2el_ms"] == 10387.912
+    assert stored["scheduled_s"] is None and stored["output_tokens"] == 512 and stored["ok"] is True
+    assert len(stored["itl_ms"]) == 511
+    assert max(abs(a - b) for a, b in zip(stored["itl_ms"], itl)) <= 0.0005
+    back = RequestRecord(**stored)
+    assert abs(back.tpot_ms - rec.tpot_ms) < 1e-5
+    full = json.dumps({**stored, "itl_ms": itl, "start_s": rec.start_s})
+    assert len(json.dumps(stored)) < 0.5 * len(full)

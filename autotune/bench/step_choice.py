@@ -24,7 +24,9 @@ FINAL_SHAVE = 0.01         # the last step aims this much below the estimated cr
 GUARD = 0.1                # fraction of the bracket kept clear at each end
 DEFAULT_MAX_BRACKET = 0.25 # a capacity known only within +-25 % cannot rank configs that differ by 5 %
 DEFAULT_REFINE_STEPS = 2   # extra steps a wide bracket may spend before the trial is flagged instead
-BELOW_HINT = 0.75          # after a hinted first step breaks, the next aims this far below it (then the probe)
+BELOW_HINT = 0.75          # after a hinted first step breaks, the next aims this far below it
+DESCENT = 0.5              # each further step down while the steps below a broken hint break too
+MAX_BELOW = 3              # steps below a broken hint before the probe at one stream
 
 
 class StepSearch:
@@ -144,13 +146,14 @@ class StepSearch:
 
 def step_plan(search: StepSearch, first: float, *, probe: bool, max_steps: int, refine_steps: int = DEFAULT_REFINE_STEPS,
               max_bracket: float = DEFAULT_MAX_BRACKET, check: float | None = None,
-              should_stop: Callable[[], bool] | None = None,
-              below_hint: float | None = BELOW_HINT) -> Generator[tuple[float, bool], bool, None]:
+              should_stop: Callable[[], bool] | None = None, below_hint: float | None = BELOW_HINT,
+              descent: float | None = DESCENT) -> Generator[tuple[float, bool], bool, None]:
     """The loads to measure, in order, as (load, is the probe). The caller measures each, adds it to
     `search` and sends back whether it met the SLO. `first` is the start (a hint's met end when
-    `search.hinted`); a hinted first step that breaks is followed by one `below_hint` of it and, when that
-    breaks too, by the probe (the step below then counts against no budget: a search whose hint was far
-    off keeps every step it had before). Then up to `max_steps` in all while `search` has a next load and
+    `search.hinted`); a hinted first step that breaks is followed by one `below_hint` of it and, while the
+    steps below break too, by steps `descent` of the last (at most MAX_BELOW below the hint in all), then by
+    the probe (a broken step below counts against no budget: a search whose hint was far off keeps every
+    step it had before). Then up to `max_steps` in all while `search` has a next load and
     `should_stop()` (early stopping) is False; then up to `refine_steps` while the bracket is wider than
     `max_bracket`; then `check`, a load whose pass or fail must be settled, when it lies strictly inside
     the bracket.
@@ -161,13 +164,22 @@ def step_plan(search: StepSearch, first: float, *, probe: bool, max_steps: int, 
     took 5 more full steps to close, where a met step at 3/4 of the hint leaves (3/4, 1) of it. A
     candidate far below costs one more step, cut short like the first, and not one of its budget (a
     confirmation repeat with 4 steps that lost one to it read a plateau's tokens/s at half). `below_hint=None`:
-    the probe at once (the search before; benchmarks/search/steps.py compares the two)."""
+    the probe at once (the search before; benchmarks/search/steps.py compares the two).
+
+    Why further down before the probe: on an H100 (benchmarks/gpu/knobs) a decode-heavy trial broke at its
+    hint of 362 streams and at 271, and climbed from one stream in six more steps (1, 28, 87, 154, 202, 234)
+    where the bracket (half of 271, 271) would have taken three; there one stream of 512-token answers is
+    itself a step of half a minute. `descent=None`: the probe after the step at `below_hint`."""
     met = yield first, probe
     taken = 1
     if search.hinted and not met and max_steps > 2:
-        down = _below(first, below_hint, search.integer)
-        if down is not None:
+        down, below = _below(first, below_hint, search.integer), 0
+        while down is not None and below < MAX_BELOW:
             met = yield down, False
+            below += 1
+            if met:
+                break
+            down = _below(down, descent, search.integer)
         if not met:             # the hint was far above this candidate's capacity: probe as without one
             yield 1.0, True
         taken += 1              # the met step below, or the probe: a broken step below is not counted

@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from autotune.bench.capacity import study_hint  # noqa: E402
-from autotune.bench.step_choice import BELOW_HINT, is_wide  # noqa: E402
+from autotune.bench.step_choice import BELOW_HINT, DESCENT, is_wide  # noqa: E402
 from cost import fit  # noqa: E402
 from landscape import load  # noqa: E402
 from scenarios import SCENARIOS  # noqa: E402
@@ -82,18 +82,21 @@ def run_case(name: str, scenario: str, slo: str | None, cost: Any, hint_fallback
     land = Landscape(load(scenario), SCENARIOS[scenario], slo)
     points = [p for p in land.points.values() if p["start"] == "ok" and not land.cotenant_refuses(p["params"])]
     out: dict[str, Any] = {"slo": str(land.slo), "points": len(points)}
-    # (start, evidence, below_hint, row's search label)
-    variants = ([("hinted", True, None, "probe at once"), ("hinted", True, BELOW_HINT, "3/4 of the hint first")]
+    # (start, evidence, below_hint, descent, row's search label)
+    variants = ([("hinted", True, None, None, "probe at once"),
+                 ("hinted", True, BELOW_HINT, None, "3/4 of the hint first"),
+                 ("hinted", True, BELOW_HINT, DESCENT, "3/4 then halving")]
                 if hint_fallback else
-                [(start, evidence, BELOW_HINT, "after" if evidence else "before")
+                [(start, evidence, BELOW_HINT, DESCENT, "after" if evidence else "before")
                  for start in ("probe", "hinted") for evidence in (False, True)])
-    for start, evidence, below, label in variants:
+    for start, evidence, below, descent, label in variants:
         base = land.run(land.space.baseline_params(), random.Random(1), evidence=evidence)
         trials = []
         for i, p in enumerate(points):
             seqs = p["params"].get("max_num_seqs")
             hint = study_hint([base.bracket], seqs if isinstance(seqs, int) else None) if start == "hinted" else None
-            trials.append((land.run(p["params"], random.Random(i), hint=hint, evidence=evidence, below_hint=below),
+            trials.append((land.run(p["params"], random.Random(i), hint=hint, evidence=evidence, below_hint=below,
+                                    descent=descent),
                            truth(land, p)))
         out[f"{start}, {label}"] = summarize(trials, cost)
     return out

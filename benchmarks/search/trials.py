@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from autotune import causes
-from autotune.bench.step_choice import BELOW_HINT, MARGIN_CAP, StepSearch, step_plan
+from autotune.bench.step_choice import BELOW_HINT, DESCENT, MARGIN_CAP, StepSearch, step_plan
 from autotune.bench.step_bounds import ServerLimits, StepEvidence
 from autotune.perfmodel import get_gpu
 from autotune.sim.capacity import at_capacity
@@ -156,13 +156,14 @@ class Landscape:
 
     def run(self, params: Mapping[str, Any], rng: random.Random, should_stop: Any = None,
             hint: tuple[float, float | None] | None = None, evidence: bool = True,
-            below_hint: float | None = BELOW_HINT) -> Trial:
+            below_hint: float | None = BELOW_HINT, descent: float | None = DESCENT) -> Trial:
         """One trial of `params` (the candidate's searched values; baseline defaults fill the rest).
         `hint`: `study_hint` of the study so far; the search starts there as `find_capacity` does (no
         probe; the probe after a first step that breaks). `evidence`: the search bounds its growth by
         what each met step measured and the server's limits (bench/step_bounds.py), as `find_capacity`
         does; False is the search before that (the benchmark's "before" rows). `below_hint`: step_plan's
-        step below a broken hinted start (None: the probe at once, the search before that change)."""
+        step below a broken hinted start (None: the probe at once, the search before that change);
+        `descent`: its further steps down while those break too (None: the probe after the first)."""
         params = dict(params)
         bad = self.space.violations(params, list(self.scenario.fixed_flags), self.scenario.num_gpus)
         if bad:
@@ -215,7 +216,8 @@ class Landscape:
 
         # the steps find_capacity takes (step_plan), each measured on the curve
         plan = step_plan(search, float(int(hint[0])) if hint is not None else 1.0, probe=hint is None,
-                         max_steps=MAX_STEPS, should_stop=stop, below_hint=below_hint)
+                         max_steps=MAX_STEPS, should_stop=stop, below_hint=below_hint,
+                         descent=descent)
         load, probe = next(plan)
         while True:
             trial.probed = trial.probed or probe

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import pytest
 
 from autotune.bench.step_bounds import ServerLimits, StepEvidence, ceiling
-from autotune.bench.step_choice import BELOW_HINT, MARGIN_CAP, StepSearch, is_wide, step_plan
+from autotune.bench.step_choice import BELOW_HINT, DESCENT, MARGIN_CAP, MAX_BELOW, StepSearch, is_wide, step_plan
 
 CUT = 0.5      # a step this far over a limit is cut short (bench/abort.py ends such a step within a wave)
 
@@ -73,11 +73,13 @@ def margin(ev: StepEvidence) -> float:
 
 def search(server, limits: ServerLimits | None, *, evidence: bool = True,
            hint: tuple[float, float | None] | None = None, max_steps: int = 6,
-           below_hint: float | None = BELOW_HINT) -> tuple[list[tuple[int, bool]], StepSearch]:
+           below_hint: float | None = BELOW_HINT, descent: float | None = DESCENT
+           ) -> tuple[list[tuple[int, bool]], StepSearch]:
     """The steps find_capacity takes (step_plan), each measured on the stand-in."""
     s = StepSearch(True, 1024.0, 0.03, hinted=hint is not None, expect_broken=hint[1] if hint else None,
                    limits=limits)
-    plan = step_plan(s, hint[0] if hint else 1.0, probe=hint is None, max_steps=max_steps, below_hint=below_hint)
+    plan = step_plan(s, hint[0] if hint else 1.0, probe=hint is None, max_steps=max_steps, below_hint=below_hint,
+                     descent=descent)
     load, _ = next(plan)
     steps: list[tuple[int, bool]] = []
     while True:
@@ -161,20 +163,22 @@ def test_a_hint_a_little_above_the_capacity_steps_down_instead_of_probing(truth,
         assert len(after) < len(before)     # extrapolates well; on the H200 the cut-short break made it bisect)
 
 
-def test_a_hint_far_above_the_capacity_costs_one_more_step_then_probes():
+def test_a_hint_far_above_the_capacity_steps_down_by_halves_before_the_probe():
     server, limits = ShortPrompts(12), ServerLimits(max_seqs=1024, kv_tokens=10**7)
     after, new = search(server, limits, hint=(48, None))
-    before, old = search(server, limits, hint=(48, None), below_hint=None)
-    assert after[:3] == [(48, False), (36, False), (1, True)]
-    assert 12 * 0.97 <= new.bracket()[0][0] <= 12
-    # the step below costs none of the budget: as many steps after it as the search before took, the
-    # same answer (the broken end at 36, not 48, moves the aims a little)
-    assert len(after) == len(before) + 1 and new.bracket()[0][0] == old.bracket()[0][0]
+    before, old = search(server, limits, hint=(48, None), descent=None)
+    assert after[:4] == [(48, False), (36, False), (18, False), (9, True)]
+    assert before[:3] == [(48, False), (36, False), (1, True)]
+    # the same answer in one step less: the bracket (9, 18) instead of (1, 36) from the probe
+    assert new.bracket()[0][0] == old.bracket()[0][0] == 12 and len(after) == len(before) - 1
+    # the steps below cost none of the budget: a tight one keeps its answer
     for max_steps in (3, 4):
         short, s_new = search(server, limits, hint=(48, None), max_steps=max_steps)
-        short_before, s_old = search(server, limits, hint=(48, None), max_steps=max_steps, below_hint=None)
-        assert short[:3] == [(48, False), (36, False), (1, True)]
-        assert s_new.bracket()[0][0] == s_old.bracket()[0][0] == 12        # a tight budget keeps its answer
+        assert short[:4] == [(48, False), (36, False), (18, False), (9, True)] and s_new.bracket()[0][0] == 12
+    # further below than MAX_BELOW steps reach: the probe at one stream, then the search as before
+    far, f = search(ShortPrompts(3), limits, hint=(48, None))
+    assert far[:MAX_BELOW + 2] == [(48, False), (36, False), (18, False), (9, False), (1, True)]
+    assert f.bracket()[0][0] == 3
 
 
 def test_an_slo_without_a_wait_term_sets_no_bound():

@@ -9,6 +9,9 @@
 #   bash benchmarks/gpu/knobs/device.sh collect chat           # show, report, export into $OUT (no GPU)
 # A study's DB and caches live in /tmp/knobs (kept while the machine stays warm); `go` copies the DB to
 # $OUT after every call, and `go` on a fresh machine with that DB put back at /tmp/knobs/STUDY.db resumes.
+# A one-GPU call may get an H200 or an H100, and a study stays on the card it began on: `restore` puts
+# back the DBs of the studies begun on the card that came, `start DEADLINE auto` resumes them (RESULTS.md
+# has the whole recipe).
 set -u
 export PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0
 T0=${T0:-$(date +%s)}
@@ -77,6 +80,21 @@ card() {   # h200, h100 or other: the card this machine has. A one-GPU call may 
   case "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)" in
     *H200*) echo h200 ;; *H100*) echo h100 ;; *) echo other ;;
   esac
+}
+
+restore() {   # the DBs of the studies this card has begun, from the repository's .db.gz files, into $D
+  local c f
+  c=$(card); mkdir -p "$D"
+  if [ "$c" = h200 ]; then
+    for f in long chat decode; do
+      [ -f "benchmarks/gpu/knobs/$f.db.gz" ] && gunzip -c "benchmarks/gpu/knobs/$f.db.gz" > "$D/$f.db"
+    done
+  else
+    for f in benchmarks/gpu/knobs/"$c"-*.db.gz; do
+      [ -f "$f" ] && gunzip -c "$f" > "$D/$(basename "$f" .gz)"
+    done
+  fi
+  echo "$c: $(cd "$D" && ls ./*.db 2>/dev/null | tr '\n' ' ')"
 }
 
 chain() {   # chain DEADLINE STUDY...|auto: each study in turn (its trials, then its confirmation) until

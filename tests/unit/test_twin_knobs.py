@@ -176,3 +176,18 @@ def test_the_picks_spread_each_unmodelled_knob_over_its_values_and_studies_start
     assert fills("chat:0", 3) == three                                   # the same study fills alike
     firsts = {json.dumps(fills(f"study-{n}:0", 1)[0], sort_keys=True) for n in range(12)}
     assert len(firsts) > 1                                               # other studies start elsewhere
+
+
+def test_the_twins_capacity_step_runs_every_stream_it_offers() -> None:
+    """A study's requests per step (64 in the decode study) below the step's concurrency: the twin still
+    runs that many streams at once. Before, it sent 64 requests at 256 or 1,024 streams, read the same
+    throughput and TPOT at every load past 64, and put a decode-heavy capacity at its cap of 1,024."""
+    from autotune.sim.capacity import MAX_CONCURRENCY, at_capacity, capacity_curve, step
+    from autotune.slo import SLO
+
+    p = plan("llama-3.1-8b", ["--max-model-len", "4096"], "H100", 1)
+    at64, at256 = (step(p, c, 128, 512, 64) for c in (64, 256))
+    assert at256["metrics"]["completed"] >= 256 and at64["metrics"]["completed"] == 64
+    assert at256["tps"] > 1.5 * at64["tps"] and at256["tpot50"] > at64["tpot50"]
+    best = at_capacity(capacity_curve(p, SLO.parse("ttft:p99<=2s,tpot:p99<=20ms"), 128, 512, 64))
+    assert best is not None and 256 <= best["c"] < MAX_CONCURRENCY

@@ -169,7 +169,8 @@ def step_plan(search: StepSearch, first: float, *, probe: bool, max_steps: int, 
     Why further down before the probe: on an H100 (benchmarks/gpu/knobs) a decode-heavy trial broke at its
     hint of 362 streams and at 271, then took the probe and five steps up from it (28, 87, 154, 202, 234)
     to a capacity of 234, where a met step at half of 271 starts from the bracket (135, 271); there the
-    probe, one stream of 512-token answers, is itself a step of half a minute. `descent=None`: the probe after the step at `below_hint`."""
+    probe, 24 answers of 512 tokens one after another, is itself a step of over a minute. `descent=None`:
+    the probe right after the step at `below_hint`."""
     met = yield first, probe
     taken = 1
     if search.hinted and not met and max_steps > 2:

@@ -119,14 +119,16 @@ chain() {   # chain DEADLINE STUDY...|auto: each study in turn (its trials, then
 }
 
 watch() {   # watch TAG: until the chain is done or this call is nearly out of time, then into $OUT a
-  # consistent copy of every study DB (sqlite's backup, the run may be writing), show, the logs
+  # consistent copy of every study DB (sqlite's backup, the run may be writing; gzipped, because a raw DB
+  # of 12 decode trials, 19.9 MB, was over what a call brings back), show, the logs
   local db study
-  until [ -f "$D/chain.done" ] || [ "$(left)" -lt 60 ]; do sleep 5; done
+  until [ -f "$D/chain.done" ] || [ "$(left)" -lt 75 ]; do sleep 5; done
   cat "$D/chain.log"
   for db in "$D"/*.db; do
     study=$(basename "$db" .db)
     python3 -c "import sqlite3, sys; sqlite3.connect(sys.argv[1]).backup(sqlite3.connect(sys.argv[2]))" "$db" "$OUT/$study.db"
     python3 -m autotune show --storage "sqlite:///$OUT/$study.db" > "$OUT/show-$study-$1.txt" 2>&1
+    gzip -6 -f "$OUT/$study.db"
   done
   tail -n 3 "$D"/run-*.log 2>/dev/null
   (cd /tmp && tar czf "$OUT/logs-$1.tgz" knobs/*.log knobs/*-logs 2>/dev/null; nvidia-smi > "$OUT/nvidia-smi-$1.txt" 2>&1)

@@ -132,6 +132,7 @@ def run(plan: Plan, *, num_requests: int, input_len: int, output_len: int, concu
     done: list[SimRequest] = []
     peak = 0.0
     oom = None
+    unrefilled: float | None = None     # closed loop: when a finished request was first not replaced
     while len(done) < total:
         while arrivals and arrivals[0][0] <= now:
             t, _ = heapq.heappop(arrivals)
@@ -153,14 +154,33 @@ def run(plan: Plan, *, num_requests: int, input_len: int, output_len: int, concu
             done.append(r)
             if concurrency is not None and made < total:
                 sched.add(new_request(now))
+            elif concurrency is not None and unrefilled is None:
+                unrefilled = now
     measured = done[warmup:]
     first = min((r.arrival for r in measured), default=0.0)
     duration = max((r.token_times[-1] for r in measured), default=first) - first
     metrics = summarize(measured, duration)
     metrics["failed"] = float(total - len(done))
+    steady = steady_output_throughput(measured, first, unrefilled)
+    if steady is not None:
+        metrics["steady_output_throughput"] = steady
     metrics["concurrency"] = float(concurrency or 0)
     metrics["request_rate"] = float(request_rate or 0)
     return SimResult(metrics, oom, measured, peak, sched.preemptions)
+
+
+def steady_output_throughput(done: list[SimRequest], t0: float, t_end: float | None) -> float | None:
+    """Output tokens/s from `t0` until the closed loop first left a finished request unreplaced: the
+    twin's side of the real step's fully-loaded window (bench/metrics.steady_output_throughput, which
+    capacity_tps reads). A whole-run average counts the drain, where a shrinking batch decodes nearly
+    alone, and the twin's steps are short (the study's 64 requests at 56 streams: one wave and 8 more),
+    so at 56-159 streams of the H100 decode study it put capacity_tps at 0.56-0.72 of what the real
+    search measured with the same TPOT (benchmarks/gpu/knobs, session 26). None without such a moment
+    (open loop) or an empty window."""
+    if t_end is None or t_end <= t0:
+        return None
+    tokens = sum(1 for r in done for t in r.token_times if t0 <= t <= t_end)
+    return tokens / (t_end - t0)
 
 
 def summary_row(result: SimResult) -> dict[str, Any]:

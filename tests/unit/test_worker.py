@@ -74,3 +74,14 @@ def test_a_worker_dies_with_its_parent(wait_until) -> None:
         if parent.poll() is None:
             os.killpg(parent.pid, signal.SIGKILL)
             parent.wait(timeout=30)
+
+
+def test_a_steps_progress_line_gives_the_figure_the_objective_takes() -> None:
+    """The step at 267 streams of the H100 decode study's #3 (max-num-seqs 266): its fully-loaded window
+    read 14,098 tok/s, the figure capacity_tps took, and the whole step 12,393 with its drain."""
+    from autotune.tuner.measure import step_tps
+
+    assert step_tps({"output_throughput": 12392.6, "steady_output_throughput": 14098.4}) == \
+        "14098 tok/s (12393 over the whole step)"
+    assert step_tps({"output_throughput": 14011.0, "steady_output_throughput": 14103.0}) == "14103 tok/s"
+    assert step_tps({"output_throughput": 2094.0}) == "2094 tok/s"     # no window: the whole step's

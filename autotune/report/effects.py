@@ -11,7 +11,11 @@ These are associations across the study's trials, not controlled comparisons: th
 knobs at the same time. With fewer than MIN_GROUP trials on either side, or MIN_KNOB_TRIALS in all, a
 knob's effect reads "too few trials" instead of a number. When two knobs split the trials into the very
 same two sides (a dozen trials make that likely for switches), their figures are one figure counted twice:
-each names the other, so that the user does not credit either.
+each names the other, so that the user does not credit either. And when the two sides also differ
+nearly throughout in another knob's value (SEPARATION: in 90 % of the cross-side pairs one side's value is
+the higher), the effect names that knob and its medians on each side. On the H100 decode study, async
+scheduling off read x0.431 capacity tok/s; its five off trials had max-num-seqs 16-174, three of its four
+on trials 266-1,024, and the figure was mostly max-num-seqs again (benchmarks/gpu/knobs, session 26).
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ from autotune.report.importance import measured
 from autotune.store.models import StudyRecord, TrialRecord
 
 MIN_GROUP = 3          # trials on each side of a comparison
+SEPARATION = 0.9       # share of cross-side pairs ordered one way for another knob to count as moving along
+NAMED_ALONG = 2        # such knobs named in an effect's text (the JSON keeps them all)
 MIN_KNOB_TRIALS = 6    # trials that set the knob at all
 FEW_VALUES = 6         # a knob with at most this many distinct values is compared value by value
 TOO_FEW = "too few trials"
@@ -38,6 +44,19 @@ class Group:
 
 
 @dataclass
+class Along:
+    """Another knob whose values differ between an effect's two sides: its median on each."""
+
+    knob: str
+    best: str              # its median on the effect's best side ("0/6 on" for a switch)
+    reference: str         # and on the reference side
+    separation: float      # share of cross-side pairs ordered the majority way (0.5: none, 1: complete)
+
+    def text(self) -> str:
+        return f"{self.knob} {self.best} vs {self.reference}"
+
+
+@dataclass
 class KnobEffect:
     knob: str
     objective: str
@@ -49,6 +68,7 @@ class KnobEffect:
     best: Group | None = None             # the group with the largest gain for this objective
     ratio: float | None = None            # best.median / reference.median (None: too few trials)
     same_split: list[str] = field(default_factory=list)  # knobs whose two sides are these very trials
+    moved_along: list[Along] = field(default_factory=list)  # other knobs that differ between the sides
 
     @property
     def too_few(self) -> bool:
@@ -68,7 +88,13 @@ class KnobEffect:
         against = "" if self.best.label.startswith(">") else f" vs {self.reference.label}"
         what = "higher" if self.best.label.startswith(">") else self.best.label
         same = f"; the same trials as {', '.join(self.same_split)}: not told apart" if self.same_split else ""
-        return f"{what} -> x{self.ratio:.3g} ({verdict}){against}, {self.best.n} vs {self.reference.n} trials{same}"
+        along = ""
+        if self.moved_along:
+            named = ", ".join(a.text() for a in self.moved_along[:NAMED_ALONG])
+            more = len(self.moved_along) - NAMED_ALONG
+            along = f"; {named}{f' and {more} more' if more > 0 else ''} moved with it: not told apart"
+        return (f"{what} -> x{self.ratio:.3g} ({verdict}){against}, {self.best.n} vs {self.reference.n} trials"
+                f"{same}{along}")
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "too_few": self.too_few, "helps": self.helps, "text": self.text()}
@@ -105,6 +131,7 @@ def knob_effects(study: StudyRecord, trials: Sequence[TrialRecord],
             _fill(effect, pairs, default)
             out.append(effect)
     _mark_same_splits(out)
+    _mark_moved_along(out, rows)
     first = study.objectives[0][0] if study.objectives else None
     rank = {e.knob: (e.importance if e.importance is not None else -1.0,
                      abs((e.ratio or 1.0) - 1.0)) for e in out if e.objective == first}
@@ -150,6 +177,47 @@ def _mark_same_splits(effects: Sequence[KnobEffect]) -> None:
             e.same_split = [o.knob for o in group if o is not e]
 
 
+def _summary(values: Sequence[Any]) -> str:
+    """A side's values of a knob that moved along: `0/6 on` for a switch, else the median."""
+    if all(isinstance(v, bool) for v in values):
+        return f"{sum(values)}/{len(values)} on"
+    m = statistics.median(float(v) for v in values)
+    return f"{int(m)}" if m.is_integer() else f"{m:.3g}"
+
+
+def _separation(a: Sequence[float], b: Sequence[float]) -> float:
+    """The share of (a, b) pairs with a > b, ties counted half (the Mann-Whitney U over the pair count)."""
+    wins = sum(1.0 if x > y else 0.5 if x == y else 0.0 for x in a for y in b)
+    return wins / (len(a) * len(b))
+
+
+def _mark_moved_along(effects: Sequence[KnobEffect], rows: Sequence[TrialRecord]) -> None:
+    """For each effect with a figure, the numeric (or on/off) knobs other than itself whose values on its
+    two sides are ordered one way in at least SEPARATION of the cross-side pairs, most separated first.
+    Knobs already named as the same split are left out."""
+    params = {t.number: t.params or {} for t in rows}
+    for e in effects:
+        if e.best is None or e.reference is None:
+            continue
+        found = []
+        for other in dict.fromkeys(k for p in params.values() for k in p):
+            if other == e.knob or other in e.same_split:
+                continue
+            a = [params[n][other] for n in e.best.trials if _number_like(params[n].get(other))]
+            b = [params[n][other] for n in e.reference.trials if _number_like(params[n].get(other))]
+            if len(a) < MIN_GROUP or len(b) < MIN_GROUP:
+                continue
+            sep = _separation([float(x) for x in a], [float(x) for x in b])
+            sep = max(sep, 1.0 - sep)
+            if sep >= SEPARATION:
+                found.append(Along(other, _summary(a), _summary(b), round(sep, 3)))
+        e.moved_along = sorted(found, key=lambda x: -x.separation)
+
+
+def _number_like(v: Any) -> bool:
+    return isinstance(v, (int, float))       # bool included: on/off as 1/0
+
+
 def effect_rows(effects: Sequence[KnobEffect], objectives: Sequence[str]) -> list[list[str]]:
     """[knob, trials, then per objective: importance and effect], for `show` and the report."""
     by = {(e.knob, e.objective): e for e in effects}
@@ -172,4 +240,5 @@ NOTE = ("knob effects over measured trials only (failed trials and their placeho
         "knob's median) against those at the baseline's value (or at or below it), as a ratio. An "
         f"association, not a controlled test: other knobs moved too. Fewer than {MIN_GROUP} trials on a side "
         f"or {MIN_KNOB_TRIALS} in all: '{TOO_FEW}'. Knobs whose two sides are the same trials are named "
-        "together: one association, not two.")
+        "together: one association, not two; so are knobs whose values differ between the two sides in "
+        f"{SEPARATION:.0%} of the cross-side pairs ('moved with it', their medians on each side).")

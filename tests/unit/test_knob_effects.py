@@ -79,3 +79,29 @@ def test_two_knobs_that_split_the_trials_alike_name_each_other():
     # the same split either way round (one knob on where the other is off) is the same association
     flipped = [_t(i, {"chunked": i >= 3, "eager": i < 3}, 100 + 10 * (i >= 3), 10) for i in range(8)]
     assert _by(knob_effects(STUDY, flipped), "chunked", "capacity_tps").same_split == ["eager"]
+
+
+def test_a_knob_that_moved_with_another_names_it_with_its_medians_on_each_side():
+    """The H100 decode study's async scheduling (benchmarks/gpu/knobs, session 26): off read x0.431 capacity
+    tok/s, but its off trials had small max-num-seqs and its on trials (bar one) large ones. The effect
+    names max_num_seqs and its medians on each side; a knob spread over both sides is not named."""
+    seqs_on, seqs_off = [1024, 266, 561, 65], [174, 16, 56, 63, 158]
+    tps_on, tps_off = [16636, 14098, 17336, 5434], [12333, 2097, 6373, 6626, 11867]
+    trials = [_t(0, {"async": True, "seqs": 1024, "stream": 1}, 16636, 18.5, role="baseline")]
+    trials += [_t(i, {"async": True, "seqs": s, "stream": 1 + i % 2}, y, 18) for i, s, y in
+               zip(range(1, 4), seqs_on[1:], tps_on[1:])]
+    trials += [_t(i, {"async": False, "seqs": s, "stream": 1 + i % 2}, y, 9) for i, s, y in
+               zip(range(4, 9), seqs_off, tps_off)]
+    e = _by(knob_effects(STUDY, trials), "async", "capacity_tps")
+    assert (e.reference.label, e.best.label, round(e.ratio, 3)) == ("on", "off", 0.431)
+    assert [a.knob for a in e.moved_along] == ["seqs"]          # 18 of 20 cross pairs ordered one way
+    assert (e.moved_along[0].best, e.moved_along[0].reference, e.moved_along[0].separation) == ("63", "414", 0.9)
+    assert e.text().endswith("; seqs 63 vs 414 moved with it: not told apart")
+    # not symmetric: seqs splits at its median (158), and each side holds one trial of the other async
+    # value, so async is ordered one way in 15.5 of 20 pairs there (0.775): not named
+    seqs = _by(knob_effects(STUDY, trials), "seqs", "capacity_tps")
+    assert seqs.best.trials == [0, 1, 2, 4] and seqs.moved_along == []
+    # a switch that moved along is counted as on/off: 5/5 on above the median, 1/5 below (0.9 of pairs)
+    trials = [_t(i, {"gmu": 0.80 + 0.01 * i, "chunked": i >= 5 or i == 0}, 100 + 10 * i, 10) for i in range(10)]
+    e = _by(knob_effects(STUDY, trials), "gmu", "capacity_tps")
+    assert [(a.knob, a.best, a.reference, a.separation) for a in e.moved_along] == [("chunked", "5/5 on", "1/5 on", 0.9)]

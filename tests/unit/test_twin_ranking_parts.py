@@ -62,3 +62,30 @@ def test_an_unreadable_cache_is_an_empty_one(tmp_path: Path) -> None:
     cache.path.parent.mkdir(parents=True)
     cache.path.write_text("{not json")
     assert cache.load() == {}
+
+
+def test_the_twins_own_code_keys_the_cache(tmp_path: Path, monkeypatch) -> None:
+    """A fixed twin never reads an older twin's predictions: the key hashes the twin's source files. Here a
+    copy of them with one line changed stands in for the package."""
+    import shutil
+
+    from autotune.tuner import twin_cache
+
+    assert twin_cache.twin_fingerprint() == twin_cache.twin_fingerprint()
+    files = [f for p in twin_cache.TWIN_SOURCES for f in twin_cache.PACKAGE.glob(p)]
+    assert any(f.name == "capacity.py" for f in files) and any(f.parent.name == "perfmodel" for f in files)
+    base = cache_key(_job())
+    copy = tmp_path / "autotune"
+    for f in files:
+        (copy / f.relative_to(twin_cache.PACKAGE)).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(f, copy / f.relative_to(twin_cache.PACKAGE))
+    monkeypatch.setattr(twin_cache, "PACKAGE", copy)
+    twin_cache.twin_fingerprint.cache_clear()
+    try:
+        assert cache_key(_job()) == base                     # the same code, the same key
+        with open(copy / "sim" / "capacity.py", "a") as f:
+            f.write("\n# a change to the twin\n")
+        twin_cache.twin_fingerprint.cache_clear()
+        assert cache_key(_job()) != base
+    finally:
+        twin_cache.twin_fingerprint.cache_clear()

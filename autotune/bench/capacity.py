@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterable, Protocol, Sequence
 import aiohttp
 
 from autotune.bench import measurement_flags as mflags
-from autotune.bench.metrics import slo_margins
+from autotune.bench.metrics import capacity_tps, slo_margins
 from autotune.bench.replay import replay_cap_note, replay_rate, replay_requests, replay_upper
 from autotune.bench.results import CapacityResult, LoadStep, Measurement, RequestRecord
 from autotune.bench.runner import run_load
@@ -302,9 +302,3 @@ def capacity_objectives(result: CapacityResult) -> dict[str, float | None]:
     if m is None:
         return {"capacity_tps": None, "p50_tpot_ms": None}
     return {"capacity_tps": capacity_tps(m.metrics), "p50_tpot_ms": m.metrics.get("median_tpot_ms")}
-
-
-def capacity_tps(metrics: dict[str, float]) -> float | None:
-    """Output tokens/s of the step at capacity: over its fully-loaded window where it has one (see
-    metrics.steady_output_throughput), else over the whole step."""
-    return metrics.get("steady_output_throughput") or metrics.get("output_throughput")

@@ -109,6 +109,12 @@ def steady_output_throughput(records: Sequence[RequestRecord], t0: float) -> flo
     return tokens / (t_end - t0)
 
 
+def capacity_tps(metrics: dict[str, float]) -> float | None:
+    """Output tokens/s of a step at capacity: over its fully-loaded window where it has one
+    (steady_output_throughput; the twin's own window is sim/inprocess.py's), else over the whole step."""
+    return metrics.get("steady_output_throughput") or metrics.get("output_throughput")
+
+
 def summarize(records: Sequence[RequestRecord], duration_s: float, slo: SLO | None = None) -> dict[str, float]:
     """The result dictionary of one load run (keys as in results.py)."""
     ok = [r for r in records if r.ok]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from autotune.bench.metrics import capacity_tps
 from autotune.perfmodel.predict import Plan
 from autotune.sim.inprocess import ImageMix, run as sim_run
 from autotune.slo import SLO
@@ -28,8 +29,7 @@ def step(plan: Plan, c: int, input_len: int, output_len: int, requests: int, see
     r = sim_run(plan, num_requests=PROBE_REQUESTS if c == 1 else max(requests, c), input_len=input_len,
                 output_len=output_len, concurrency=c, seed=seed, images=images)
     m = r.metrics
-    tps = m.get("steady_output_throughput") or m["output_throughput"]    # as bench/capacity.capacity_tps
-    return {"c": c, "tps": round(tps, 2), "ttft99": round(m["p99_ttft_ms"], 2),
+    return {"c": c, "tps": round(capacity_tps(m) or 0.0, 2), "ttft99": round(m["p99_ttft_ms"], 2),
             "tpot50": round(m["median_tpot_ms"], 4), "metrics": m, "oom": r.oom is not None}
 
 

@@ -30,7 +30,7 @@ FOLDER = "twin-rankings"
 PACKAGE = Path(__file__).resolve().parents[1]
 # what the twin's predictions are computed by (tuner/warmstart.twin_predictor and what it calls)
 TWIN_SOURCES = ("perfmodel/*.py", "sim/capacity.py", "sim/inprocess.py", "sim/scheduler.py", "tuner/warmstart.py",
-                "slo.py")
+                "bench/metrics.py", "slo.py")
 
 
 class RankingCache:

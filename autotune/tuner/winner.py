@@ -9,6 +9,11 @@ opted into quality knobs, a configuration that changes output quality may win (i
 names the knobs); `output_preserving` leaves those out. Nothing is exported only when the baseline did
 not survive its own repeats and no candidate qualifies. Without confirmations, the best feasible trial
 that carries no measurement flag, marked UNCONFIRMED: a flagged trial is never exported unconfirmed.
+
+A winner chosen on the first objective may pay for it on the others: on the H200 chat study (an SLO on
+TTFT only) the best first run had x1.26 the defaults' capacity at x5.6 their p50 TPOT. The line that
+says why a trial is exported therefore also says what it costs on any other objective where it is worse
+than the baseline: by the paired verdict when confirmed, by the first runs (beyond the noise floor) when not.
 """
 
 from __future__ import annotations
@@ -18,7 +23,8 @@ from typing import Sequence
 
 from autotune.store.models import ConfirmationRecord, StudyRecord, TrialRecord
 from autotune.store.queries import best_trial
-from autotune.tuner.verdict import Confirmed, first_key, flags_of, quality_changing, summarize_confirmations
+from autotune.tuner.verdict import (NOISE_FLOOR, Confirmed, first_key, flags_of, quality_changing,
+                                    summarize_confirmations)
 
 
 @dataclass
@@ -60,6 +66,7 @@ def export_choice(study: StudyRecord, trials: Sequence[TrialRecord], rows: Seque
                                             f"confirmed: run `autotune confirm`" + pending_note)
         return ExportChoice(None, None, f"no feasible {kind}trial in study {study.name!r} to export" + pending_note)
     why = f"trial {best.number}: best feasible {kind}trial on {study.objectives[0][0]}, UNCONFIRMED (first run only)"
+    why += _first_run_costs(study, best, next((t for t in trials if t.role == "baseline"), None))
     if overall is not None and overall is not best:
         why += (f"; trial {overall.number} measured better but carries {', '.join(flags_of(overall))} "
                 f"and is not confirmed")
@@ -89,8 +96,26 @@ def _by_verdict(study: StudyRecord, confirmed: dict[int, Confirmed], baseline: T
     v = best.verdict(name)
     said = (f", {name} against the baseline: {'better' if v.better else 'no gain beyond noise'}"
             if v is not None and v.interval is not None else ", no paired verdict against the baseline")
+    costs = [w.text() for w in best.verdicts if w.objective != name and w.worse]
+    said += f"; at a cost: {'; '.join(costs)}" if costs else ""
     return ExportChoice(best.trial, best, f"trial {best.trial.number}: best confirmed {kind}median on {name} over "
                                           f"{len(best.rows)} repeats{said}")
+
+
+def _first_run_costs(study: StudyRecord, best: TrialRecord, baseline: TrialRecord | None) -> str:
+    """The objectives after the first on which `best`'s first run is worse than the baseline's by more
+    than the noise floor, as a clause for the `why` line ("" when none, or no baseline to compare)."""
+    if baseline is None or baseline is best:
+        return ""
+    worse = []
+    for name, direction in study.objectives[1:]:
+        a, b = baseline.objectives.get(name), best.objectives.get(name)
+        if not a or not b or a <= 0 or b <= 0:
+            continue
+        ratio = b / a
+        if (ratio < 1 - NOISE_FLOOR) if direction == "maximize" else (ratio > 1 + NOISE_FLOOR):
+            worse.append(f"{name} {b:.4g} against the baseline's {a:.4g} (x{ratio:.3g})")
+    return f"; at a cost in its first run: {', '.join(worse)}" if worse else ""
 
 
 def baseline_words(trial: TrialRecord) -> str:

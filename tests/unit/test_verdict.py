@@ -245,3 +245,27 @@ def test_flags_of_a_trial_stored_before_the_column_are_read_from_its_evidence():
     assert export_choice(s, [_trial(0, "baseline", tps=50), old], []).trial.number == 0
     old.capacity = {"capacity": 8, "note": ""}
     assert flags_of(old) == [] and flags_of(_trial(2, flags=["overlapped"])) == ["overlapped"]
+
+
+def test_the_export_says_what_a_winner_costs_on_the_other_objectives():
+    """The H200 chat study's best first run (an SLO on TTFT only) had x1.26 the defaults' capacity at
+    x5.6 their p50 TPOT; the line that says why it is exported must say both, first runs or confirmed."""
+    s = _study()
+    base = _trial(0, "baseline", tps=2570, tpot=8.61)
+    fast = _trial(11, tps=3248, tpot=48.48)
+    choice = export_choice(s, [base, fast], [])
+    assert choice.trial is fast
+    assert choice.why.endswith("; at a cost in its first run: p50_tpot_ms 48.48 against the baseline's 8.61 (x5.63)")
+    # within the noise floor (5 %) on the other objective: no cost named
+    close = _trial(2, tps=3000, tpot=9.0)
+    assert "at a cost" not in export_choice(s, [base, close], []).why
+    # confirmed: the paired verdict of the other objective, where it is worse beyond noise
+    rows = (_rows(base, [(2570, 8.6), (2600, 8.7), (2550, 8.5)])
+            + _rows(fast, [(3200, 48.0), (3260, 49.0), (3150, 47.5)]))
+    choice = export_choice(s, [base, fast], rows)
+    assert choice.trial is fast and "capacity_tps against the baseline: better; at a cost: p50_tpot_ms x5." in choice.why
+    assert choice.why.endswith(": worse")
+    # confirmed and better on both: nothing to name
+    rows = (_rows(base, [(2570, 8.6), (2600, 8.7), (2550, 8.5)])
+            + _rows(close, [(3000, 8.0), (3010, 8.1), (2990, 7.9)]))
+    assert "at a cost" not in export_choice(s, [base, close], rows).why

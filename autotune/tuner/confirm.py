@@ -90,6 +90,8 @@ def plan_rounds(spec: StudySpec, store: ResultStore, study: StudyRecord, *, top_
     todo = [(r, i, t) for r, i, t in plan(baseline, candidates, repeats) if (t.id, r) not in have]
     names = ", ".join(f"#{t.number}" for t in ([baseline] if baseline else []) + candidates)
     say(f"confirmation: {names} x {repeats} rounds on fresh servers ({len(todo)} repeat(s) to run)")
+    if picks.costless:
+        say(f"confirmation: {picks.costless}")
     if picks.extras:
         say(f"confirmation: beyond the top {top_k}, {', '.join(f'#{t.number}' for t in picks.extras)} joined: "
             f"first run within the noise of the best or flagged (noise {picks.noise:.1%}: {picks.noise_why})")

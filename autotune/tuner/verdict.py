@@ -281,6 +281,25 @@ def confirmed_front(study: StudyRecord, confirmed: dict[int, Confirmed]) -> list
     return sorted(front, key=lambda c: first_key(study, c.medians))
 
 
+def first_run_costs(study: StudyRecord, trial: TrialRecord, baseline: TrialRecord | None) -> list[str]:
+    """The objectives after the first on which `trial`'s first run is worse than the baseline's by more
+    than NOISE_FLOOR, each as "name value against the baseline's value (x ratio)"; empty without a
+    measured baseline. A winner on the first objective may pay on the others (the H200 chat study's best
+    first run: x1.26 capacity at x5.6 p50 TPOT under a TTFT-only SLO): the export says so, and the
+    confirmation also repeats the best first run that pays nothing (tuner/picks.py)."""
+    if baseline is None or baseline is trial:
+        return []
+    out = []
+    for name, direction in study.objectives[1:]:
+        a, b = baseline.objectives.get(name), trial.objectives.get(name)
+        if not a or not b or a <= 0 or b <= 0:
+            continue
+        ratio = b / a
+        if (ratio < 1 - NOISE_FLOOR) if direction == "maximize" else (ratio > 1 + NOISE_FLOOR):
+            out.append(f"{name} {b:.4g} against the baseline's {a:.4g} (x{ratio:.3g})")
+    return out
+
+
 def first_key(study: StudyRecord, values: dict[str, float]) -> float:
     """Sort key: better on the study's first objective sorts first."""
     name, direction = study.objectives[0]

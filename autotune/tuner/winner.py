@@ -23,7 +23,7 @@ from typing import Sequence
 
 from autotune.store.models import ConfirmationRecord, StudyRecord, TrialRecord
 from autotune.store.queries import best_trial
-from autotune.tuner.verdict import (NOISE_FLOOR, Confirmed, first_key, flags_of, quality_changing,
+from autotune.tuner.verdict import (Confirmed, first_key, first_run_costs, flags_of, quality_changing,
                                     summarize_confirmations)
 
 
@@ -66,7 +66,8 @@ def export_choice(study: StudyRecord, trials: Sequence[TrialRecord], rows: Seque
                                             f"confirmed: run `autotune confirm`" + pending_note)
         return ExportChoice(None, None, f"no feasible {kind}trial in study {study.name!r} to export" + pending_note)
     why = f"trial {best.number}: best feasible {kind}trial on {study.objectives[0][0]}, UNCONFIRMED (first run only)"
-    why += _first_run_costs(study, best, next((t for t in trials if t.role == "baseline"), None))
+    costs = first_run_costs(study, best, next((t for t in trials if t.role == "baseline"), None))
+    why += f"; at a cost in its first run: {', '.join(costs)}" if costs else ""
     if overall is not None and overall is not best:
         why += (f"; trial {overall.number} measured better but carries {', '.join(flags_of(overall))} "
                 f"and is not confirmed")
@@ -100,22 +101,6 @@ def _by_verdict(study: StudyRecord, confirmed: dict[int, Confirmed], baseline: T
     said += f"; at a cost: {'; '.join(costs)}" if costs else ""
     return ExportChoice(best.trial, best, f"trial {best.trial.number}: best confirmed {kind}median on {name} over "
                                           f"{len(best.rows)} repeats{said}")
-
-
-def _first_run_costs(study: StudyRecord, best: TrialRecord, baseline: TrialRecord | None) -> str:
-    """The objectives after the first on which `best`'s first run is worse than the baseline's by more
-    than the noise floor, as a clause for the `why` line ("" when none, or no baseline to compare)."""
-    if baseline is None or baseline is best:
-        return ""
-    worse = []
-    for name, direction in study.objectives[1:]:
-        a, b = baseline.objectives.get(name), best.objectives.get(name)
-        if not a or not b or a <= 0 or b <= 0:
-            continue
-        ratio = b / a
-        if (ratio < 1 - NOISE_FLOOR) if direction == "maximize" else (ratio > 1 + NOISE_FLOOR):
-            worse.append(f"{name} {b:.4g} against the baseline's {a:.4g} (x{ratio:.3g})")
-    return f"; at a cost in its first run: {', '.join(worse)}" if worse else ""
 
 
 def baseline_words(trial: TrialRecord) -> str:

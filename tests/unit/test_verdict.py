@@ -269,3 +269,24 @@ def test_the_export_says_what_a_winner_costs_on_the_other_objectives():
     rows = (_rows(base, [(2570, 8.6), (2600, 8.7), (2550, 8.5)])
             + _rows(close, [(3000, 8.0), (3010, 8.1), (2990, 7.9)]))
     assert "at a cost" not in export_choice(s, [base, close], rows).why
+
+
+def test_the_confirmation_also_repeats_the_best_first_run_that_costs_nothing_on_the_other_objectives():
+    """The H200 chat study's first runs (capacity_tps, p50 TPOT): the two best were nearly the same config
+    and paid x4.6-x5.6 in TPOT; top 2 by the front alone would repeat both and leave out #4, the best
+    at the defaults' TPOT."""
+    s = _study()
+    base = _trial(0, "baseline", tps=2570, tpot=8.61)
+    trials = [base, _trial(11, tps=3248, tpot=48.48), _trial(8, tps=3063, tpot=39.32),
+              _trial(4, tps=2761, tpot=8.658), _trial(1, tps=2561, tpot=8.456), _trial(7, tps=1568, tpot=7.411)]
+    picks = pick_candidates(s, trials, k=2)
+    assert [t.number for t in picks.candidates] == [11, 4]
+    assert picks.costless == ("#4 is the best first run that costs nothing on the other objectives (the best, #11: "
+                              "p50_tpot_ms 48.48 against the baseline's 8.61 (x5.63))")
+    # one seat: the best alone; three: the front's next member after the costless one
+    assert [t.number for t in pick_candidates(s, trials, k=1).candidates] == [11]
+    assert [t.number for t in pick_candidates(s, trials, k=3).candidates] == [11, 4, 8]
+    # a best that costs nothing: the front by the first objective, as before
+    cheap = [base, _trial(1, tps=3000, tpot=8.7), _trial(3, tps=2900, tpot=7.0), _trial(2, tps=2800, tpot=8.0)]
+    picks = pick_candidates(s, cheap, k=2)
+    assert [t.number for t in picks.candidates] == [1, 3] and picks.costless == ""

@@ -13,6 +13,10 @@ from autotune.tuner.winner import ExportChoice, baseline_words
 
 NOT_CONFIRMED = "not confirmed"
 SHOWN_LEFT_OUT = 5      # close or flagged trials the confirmation left out, named one a line in `show`
+# A round's pair compares like with like only when it ran in one sitting: a round resumed later (a
+# `--timeout`, a lost machine) pairs repeats hours or days apart, on another machine (the H200 long study:
+# round 3's pair of #14 ran 36 h apart, and it is that candidate's one ratio above 1). Said, not dropped.
+PAIR_APART_S = 3600.0
 
 
 def _medians(study: StudyRecord, c: Confirmed) -> str:
@@ -57,6 +61,23 @@ def load_text(c: Confirmed) -> str:
     spread = f", spread {relative_spread(loads):.0%}" if len(loads) >= 2 else ""
     return (f"SLO held at load {first} in the first run, {' / '.join(f'{x:g}' for x in loads)} in the repeats "
             f"(median {statistics.median(loads):g}{spread})")
+
+
+def pairs_apart(c: Confirmed, base: Confirmed) -> str:
+    """The rounds whose candidate and baseline repeats started more than PAIR_APART_S apart, as a clause
+    for the verdict's line ("" when every pair ran in one sitting)."""
+    starts = {r.round: r.started_at for r in base.rows if r.started_at is not None}
+    apart = []
+    for r in sorted(c.rows, key=lambda r: r.round):
+        b = starts.get(r.round)
+        if r.started_at is not None and b is not None:
+            hours = abs((r.started_at - b).total_seconds()) / 3600.0
+            if hours * 3600.0 > PAIR_APART_S:
+                apart.append(f"round {r.round + 1} {hours:.1f} h")
+    if not apart:
+        return ""
+    return (f" (pairs run apart: {', '.join(apart)}; a round resumed later may pair another machine and "
+            "hour, which the pairing is meant to rule out)")
 
 
 def placement(rows: Sequence[Any]) -> str:
@@ -119,7 +140,8 @@ def confirmation_lines(study: StudyRecord, trials: Sequence[TrialRecord], confir
                      "are still the paired reference of the verdict")
     for n, c in sorted(confirmed.items()):
         if c is not base and c.verdicts:
-            lines.append(f"#{n} against the baseline #{base.trial.number}: " + "; ".join(v.text() for v in c.verdicts))
+            lines.append(f"#{n} against the baseline #{base.trial.number}: " + "; ".join(v.text() for v in c.verdicts)
+                         + pairs_apart(c, base))
     lines.append("interval: 95 % Student t over the paired rounds' log ratios (candidate / baseline of the same "
                  "round); no gain beyond noise when it includes 1 or the gain is below one config's spread")
     return lines
@@ -140,7 +162,9 @@ def export_header(study: StudyRecord, trials: Sequence[TrialRecord], confirmed: 
     if first:
         out.append(first)
     if c.verdicts:
-        out.append("against the baseline: " + "; ".join(v.text() for v in c.verdicts))
+        base = next((x for x in confirmed.values() if x.trial.role == "baseline"), None)
+        out.append("against the baseline: " + "; ".join(v.text() for v in c.verdicts)
+                   + (pairs_apart(c, base) if base is not None else ""))
     if t.role == "baseline":
         out.append(f"this is {baseline_words(t)}" + (": " + "; ".join(choice.notes) if choice.notes else ""))
     return out

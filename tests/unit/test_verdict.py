@@ -290,3 +290,31 @@ def test_the_confirmation_also_repeats_the_best_first_run_that_costs_nothing_on_
     cheap = [base, _trial(1, tps=3000, tpot=8.7), _trial(3, tps=2900, tpot=7.0), _trial(2, tps=2800, tpot=8.0)]
     picks = pick_candidates(s, cheap, k=2)
     assert [t.number for t in picks.candidates] == [1, 3] and picks.costless == ""
+
+
+def test_a_verdict_says_which_rounds_paired_repeats_run_hours_apart():
+    """The H200 long study: rounds 2 and 3 were resumed in later sessions, so #14's round-3 repeat ran 36 h
+    after the baseline's, on another machine. `show` and the export header say so beside the verdict;
+    pairs of one sitting are not named."""
+    import datetime as dt
+
+    s = _study()
+    base = _trial(0, "baseline", tps=1134)
+    cand = _trial(14, tps=1210)
+    rows = _rows(base, [(1149, 15), (1138, 15), (1092, 15)]) + _rows(cand, [(1070, 15), (1094, 15), (1130, 15)])
+    t0 = dt.datetime(2026, 12, 4, 2, 50)
+    for r in rows:
+        after = {(base.id, 0): 0, (base.id, 1): 4 * 3600, (base.id, 2): 18 * 3600,
+                 (cand.id, 0): 600, (cand.id, 1): 600, (cand.id, 2): 54 * 3600}[(r.trial_id, r.round)]
+        r.started_at = t0 + dt.timedelta(seconds=after)
+    confirmed = summarize_confirmations(s, [base, cand], rows)
+    shown = confirmation_lines(s, [base, cand], confirmed)
+    line = next(x for x in shown if x.startswith("#14 against the baseline #0"))
+    assert "(pairs run apart: round 2 3.8 h, round 3 36.0 h;" in line and "round 1" not in line
+    named = exported_trial(s, [base, cand], rows, number=14)
+    assert any("pairs run apart: round 2 3.8 h, round 3 36.0 h" in h for h in named.header)
+    # one sitting: nothing said
+    for r in rows:
+        r.started_at = t0 + dt.timedelta(seconds=300 * r.round + (60 if r.trial_id == cand.id else 0))
+    shown = confirmation_lines(s, [base, cand], summarize_confirmations(s, [base, cand], rows))
+    assert not any("pairs run apart" in x for x in shown)

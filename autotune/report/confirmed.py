@@ -70,10 +70,9 @@ def pairs_apart(c: Confirmed, base: Confirmed) -> str:
     apart = []
     for r in sorted(c.rows, key=lambda r: r.round):
         b = starts.get(r.round)
-        if r.started_at is not None and b is not None:
-            hours = abs((r.started_at - b).total_seconds()) / 3600.0
-            if hours * 3600.0 > PAIR_APART_S:
-                apart.append(f"round {r.round + 1} {hours:.1f} h")
+        seconds = abs((r.started_at - b).total_seconds()) if r.started_at is not None and b is not None else 0.0
+        if seconds > PAIR_APART_S:
+            apart.append(f"round {r.round + 1} {seconds / 3600.0:.1f} h")
     if not apart:
         return ""
     return (f" (pairs run apart: {', '.join(apart)}; a round resumed later may pair another machine and "

@@ -41,7 +41,7 @@ class StepView:
 
 def step_view(step: Any) -> StepView:
     """A bench LoadStep as the bound reads it."""
-    from autotune.bench.capacity import capacity_tps
+    from autotune.bench.metrics import capacity_tps
 
     m = step.measurement.metrics
     return StepView(float(step.load), bool(step.slo_met), capacity_tps(m), m.get("median_tpot_ms"),

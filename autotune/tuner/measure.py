@@ -26,8 +26,8 @@ from pydantic import BaseModel
 # What the worker runs, imported when it boots (beside the server's start), not after the request came:
 from autotune.bench import find_capacity, parse_workload, run_load
 from autotune.bench import measurement_flags as mflags
-from autotune.bench.capacity import capacity_tps
 from autotune.bench.client import stalled_requests
+from autotune.bench.metrics import capacity_tps
 from autotune.bench.step_bounds import ServerLimits
 from autotune.engine.logwatch import JitWatch
 from autotune.errors import UserError

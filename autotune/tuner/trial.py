@@ -22,8 +22,8 @@ import psutil
 
 from autotune import causes
 from autotune.bench import parse_workload
-from autotune.bench.capacity import capacity_tps
 from autotune.bench.client import STALLED
+from autotune.bench.metrics import capacity_tps
 from autotune.bench.results import Measurement
 from autotune.engine.base import Engine, EngineFailure, LaunchRequest, Server, StartupInfo
 from autotune.engine.deployment import launch as launch_server, members_of, startup_log

@@ -19,6 +19,7 @@ against `--n-trials`; a cut repeat is simply run again by the next `run` or `con
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -28,7 +29,7 @@ from sqlalchemy.exc import IntegrityError
 from autotune import causes
 from autotune.node.pool import Lease
 from autotune.spec import StudySpec
-from autotune.store.models import StudyRecord, TrialRecord, utcnow
+from autotune.store.models import ConfirmationRecord, StudyRecord, TrialRecord, utcnow
 from autotune.store.queries import is_feasible
 from autotune.store.repository import ResultStore
 from autotune.tuner.objectives import measured_constraints, pick
@@ -112,7 +113,8 @@ def run_round(spec: StudySpec, store: ResultStore, study: StudyRecord, runner: T
     """Run one round's missing repeats in order on fresh servers (with a `lease`: its GPUs, ports and
     cores, recorded on every row). A repeat that would not finish before `deadline` is not started
     (`stopped_by` "timeout", `pending` what is left of the round), and a round none of whose repeats is
-    stored yet is not started unless all of them fit (`expected_s` each): a round is one paired
+    stored yet is not started unless all of them fit (each as `expected_repeat_s` says, `expected_s`
+    where nothing better is known): a round is one paired
     comparison, and one cut by the deadline would be finished by a later run, on another machine or
     another night, which is what pairing inside a round is there to exclude. Only when the invocation's
     whole time (`budget_s`) could never hold a round do its repeats run one by one. A repeat whose measurement worker died
@@ -121,9 +123,11 @@ def run_round(spec: StudySpec, store: ResultStore, study: StudyRecord, runner: T
     its storage): a repeat another one has stored since the plan is skipped, and one it stores while this
     one measures is kept (theirs), not an error."""
     done = 0
-    begun = any(r.round == rnd.number for r in store.confirmations(study.id))
-    if deadline is not None and expected_s > 0 and not begun:
-        need, left = expected_s * len(rnd.repeats), deadline - time.monotonic()
+    rows = store.confirmations(study.id)
+    begun = any(r.round == rnd.number for r in rows)
+    takes = [expected_repeat_s(t, rows, expected_s) for _, t in rnd.repeats]
+    if deadline is not None and sum(takes) > 0 and not begun:
+        need, left = sum(takes), deadline - time.monotonic()
         if left < need and (budget_s is None or budget_s >= need):
             say(f"[confirm {rnd.number + 1}/{repeats}] round not started: its {len(rnd.repeats)} repeat(s) take "
                 f"~{need:.0f} s and {max(left, 0):.0f} s are left (a round runs whole, its pairs on one machine)")
@@ -131,7 +135,7 @@ def run_round(spec: StudySpec, store: ResultStore, study: StudyRecord, runner: T
     for n, (pos, t) in enumerate(rnd.repeats):
         if deadline is not None:
             left = deadline - time.monotonic()
-            if left <= 0 or left < expected_s:
+            if left <= 0 or left < takes[n]:
                 return ConfirmResult(done, len(rnd.repeats) - n, "timeout")
         if _stored(store, study, t, rnd.number):
             continue
@@ -160,6 +164,23 @@ def run_round(spec: StudySpec, store: ResultStore, study: StudyRecord, runner: T
         say(f"[confirm {rnd.number + 1}/{repeats}] trial {t.number}: {row['state']}"
             + (f" ({row['cause']})" if row["cause"] else "") + (f": {shown}" if shown else ""))
     return ConfirmResult(done, 0, None)
+
+
+def expected_repeat_s(trial: TrialRecord, rows: Sequence[ConfirmationRecord], fallback: float) -> float:
+    """How long one repeat of `trial` should take: the median wall of its repeats stored so far, else its own
+    first run's, else `fallback` (the study's median trial). Per trial because the picked configurations are
+    the study's largest, with more streams and longer capacity searches than its median trial: on the H100
+    decode study a round of four took 956 s where four median trials (190 s) said 759 s, and a round started
+    on such an estimate would be cut and finished on another machine, the thing a whole round avoids."""
+    walls = [_wall(r) for r in rows if r.trial_id == trial.id and r.state != "failed" and _wall(r) > 0]
+    if walls:
+        return statistics.median(walls)
+    own = _wall(trial) if trial.state == "ok" else 0.0
+    return own if own > 0 else fallback
+
+
+def _wall(r: TrialRecord | ConfirmationRecord) -> float:
+    return (r.finished_at - r.started_at).total_seconds() if r.finished_at and r.started_at else 0.0
 
 
 def _stored(store: ResultStore, study: StudyRecord, trial: TrialRecord, round_: int) -> bool:

@@ -6,6 +6,7 @@ clock that only it moves (600 s a repeat)."""
 
 from __future__ import annotations
 
+import datetime as dt
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -93,3 +94,32 @@ def test_an_invocation_too_short_for_any_round_still_runs_repeats(tmp_path: Path
     # a --timeout of 1,000 s can never hold a 1,200 s round: the repeats run one by one as before
     result = _run(spec, store, study, runner, trials, said, left_s=1000, budget_s=1000, monkeypatch=monkeypatch)
     assert (result.done, result.pending, result.stopped_by) == (1, 1, "timeout") and runner.ran == [0]
+
+
+def test_a_round_is_timed_by_its_own_configurations_not_the_median_trial(tmp_path: Path, monkeypatch) -> None:
+    """The picked configurations run longer than the study's median trial (600 s here): a round is
+    timed by each one's earlier repeats, else its first run, so a round that would be cut is not begun."""
+    spec, store, study, trials = _setup(tmp_path)
+    t0 = dt.datetime(2026, 12, 6, 10, 0, 0)
+    # the baseline's first run took 1,000 s; the candidate's first run has no finish time (fallback 600 s)
+    store.save_trial(study.id, 0, started_at=t0, finished_at=t0 + dt.timedelta(seconds=1000))
+    trials = store.trials(study.id)
+    assert [confirm.expected_repeat_s(t, [], 600.0) for t in trials] == [1000.0, 600.0]
+    runner, said = CountingRunner(), []
+    result = _run(spec, store, study, runner, trials, said, left_s=1500, budget_s=8 * 3600, monkeypatch=monkeypatch)
+    assert (result.done, result.stopped_by) == (0, "timeout") and runner.ran == []
+    assert any("its 2 repeat(s) take ~1600 s and 1500 s are left" in s for s in said), said
+    # round 0 ran, its repeats took 800 s and 700 s: round 1 is timed by those (1,500 s), not 1,600 or 1,200
+    for trial, took in zip(trials, (800, 700)):
+        store.save_confirmation(study_id=study.id, trial_id=trial.id, round=0, position=trial.number, seed=123,
+                                state="ok", objectives={"capacity_tps": 1950.0, "p50_tpot_ms": 12.0},
+                                constraints={}, started_at=t0, finished_at=t0 + dt.timedelta(seconds=took))
+    rows = store.confirmations(study.id)
+    assert [confirm.expected_repeat_s(t, rows, 600.0) for t in trials] == [800.0, 700.0]
+    said.clear()
+    monkeypatch.setattr(confirm, "time", SimpleNamespace(monotonic=lambda: runner.now))
+    result = run_round(spec, store, study, runner, Round(1, 456, [(0, trials[1]), (1, trials[0])]), repeats=3,
+                       phase=lambda _: None, say=said.append, deadline=runner.now + 1400, expected_s=600.0,
+                       budget_s=8 * 3600)
+    assert (result.done, result.stopped_by) == (0, "timeout") and runner.ran == []
+    assert any("its 2 repeat(s) take ~1500 s and 1400 s are left" in s for s in said), said

@@ -28,6 +28,7 @@ from autotune.bench import find_capacity, parse_workload, run_load
 from autotune.bench import measurement_flags as mflags
 from autotune.bench.client import stalled_requests
 from autotune.bench.metrics import capacity_tps
+from autotune.bench.results import LoadStep
 from autotune.bench.step_bounds import ServerLimits
 from autotune.engine.logwatch import JitWatch
 from autotune.errors import UserError
@@ -303,7 +304,9 @@ class _Run:
                            + (f", and again during the re-run ({mflags.JIT_COMPILE})"
                               if len(step.disturbances) > 1 else ""))
             if step.measurement.aborted_early:
-                self.phase(f"capacity search: {at} -> SLO clearly broken, step cut short")
+                why = step.measurement.load.get("abort_reason")
+                self.phase(f"capacity search: {at} -> SLO clearly broken" + (f" ({why})" if why else "")
+                           + ", step cut short")
                 return
             met = "meets SLO" if step.slo_met else "breaks SLO"
             self.phase(f"capacity search: {at} -> {step_tps(step.measurement.metrics)}, {met}")
@@ -324,24 +327,7 @@ class _Run:
         info = {"mode": cap.mode, "capacity": cap.capacity, "hint": list(hint) if hint else None,
                 "cache_reset": cap.cache_reset, "note": cap.note,
                 "bracket": list(cap.bracket), "measurement_flags": list(cap.flags), "seed": req.seed,
-                "steps": [{"load": s.load, "slo_met": s.slo_met, "first_wave": s.measurement.first_wave_summary(),
-                           "prefix_cache_hit_pct": s.measurement.metrics.get("prefix_cache_hit_pct"),
-                           "output_throughput": s.measurement.metrics.get("output_throughput"),
-                           "steady_output_throughput": s.measurement.metrics.get("steady_output_throughput"),
-                           "p99_ttft_ms": s.measurement.metrics.get("p99_ttft_ms"),
-                           "median_tpot_ms": s.measurement.metrics.get("median_tpot_ms"),
-                           "completed": s.measurement.metrics.get("completed"),
-                           "total_output_tokens": s.measurement.metrics.get("total_output_tokens"),
-                           "failed": s.measurement.metrics.get("failed"),
-                           "aborted_early": s.measurement.aborted_early, "disturbances": list(s.disturbances),
-                           # which step's client fell behind, not only that one did (the result's flag)
-                           "client_saturated": s.measurement.client.saturated,
-                           "client_lag_p99_ms": s.measurement.client.loop_lag_p99_ms,
-                           "client_note": s.measurement.client.note,      # its lag, CPU and collections
-                           "discarded_output_tokens": (s.discarded.metrics.get("total_output_tokens")
-                                                       if s.discarded is not None else None),
-                           **_class_figures(s.measurement.metrics)}
-                          for s in cap.steps]}
+                "steps": [step_record(s) for s in cap.steps]}
         stalled = sum(stalled_requests(s.measurement.records) for s in cap.steps)
         return chosen, info, stalled, (stopper.bound if stopper is not None and stopper.stopped else None)
 
@@ -365,6 +351,27 @@ class _Watch:
 # bound each class apart, and `show`/the report read which class broke it).
 _CLASS_KEYS = ("images_per_s", "image_completed", "text_completed", "image_median_ttft_ms", "image_p99_ttft_ms",
                "text_median_ttft_ms", "text_p99_ttft_ms")
+
+
+def step_record(s: LoadStep) -> dict[str, Any]:
+    """One load step as the trial's capacity record keeps it: enough to tell afterwards why a search ended
+    where it did. A step cut short keeps which SLO term ended it and how (`abort_reason`): on a knife-edge
+    bound the first run and a repeat can part on a handful of requests, and the reason says which."""
+    m = s.measurement.metrics
+    return {"load": s.load, "slo_met": s.slo_met, "first_wave": s.measurement.first_wave_summary(),
+            "prefix_cache_hit_pct": m.get("prefix_cache_hit_pct"), "output_throughput": m.get("output_throughput"),
+            "steady_output_throughput": m.get("steady_output_throughput"), "p99_ttft_ms": m.get("p99_ttft_ms"),
+            "median_tpot_ms": m.get("median_tpot_ms"), "p99_tpot_ms": m.get("p99_tpot_ms"),
+            "completed": m.get("completed"), "total_output_tokens": m.get("total_output_tokens"),
+            "failed": m.get("failed"), "aborted_early": s.measurement.aborted_early,
+            "abort_reason": s.measurement.load.get("abort_reason"), "disturbances": list(s.disturbances),
+            # which step's client fell behind, not only that one did (the result's flag)
+            "client_saturated": s.measurement.client.saturated,
+            "client_lag_p99_ms": s.measurement.client.loop_lag_p99_ms,
+            "client_note": s.measurement.client.note,      # its lag, CPU and collections
+            "discarded_output_tokens": (s.discarded.metrics.get("total_output_tokens")
+                                        if s.discarded is not None else None),
+            **_class_figures(m)}
 
 
 def _class_figures(metrics: dict[str, Any]) -> dict[str, Any]:

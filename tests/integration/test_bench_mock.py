@@ -15,8 +15,10 @@ from aiohttp import web
 from autotune.bench import find_capacity, parse_workload, run_load
 from autotune.bench.capacity import reset_prefix_cache
 from autotune.bench.mockserver import MockConfig, build_app, serve
+from autotune.bench.results import LoadStep
 from autotune.errors import UserError
 from autotune.slo import SLO
+from autotune.tuner.measure import step_record
 
 W = parse_workload("random:input_len=20,output_len=16")
 # The mock shares this process's event loop with the client: on a busy machine both run late, every
@@ -82,6 +84,10 @@ async def test_early_abort_cuts_an_overloaded_step():
                            abort_on_slo=True)
     assert m.aborted_early and "ttft" in m.load["abort_reason"]
     assert m.metrics["completed"] < 100 and m.load["cancelled"] > 0
+    # the trial's capacity record keeps which term ended the step, and how
+    kept = step_record(LoadStep(load=64, measurement=m, slo_met=False))
+    assert kept["aborted_early"] and kept["abort_reason"] == m.load["abort_reason"]
+    assert kept["abort_reason"].startswith("ttft:p99<=100ms: ") and "over the limit" in kept["abort_reason"]
 
 
 async def test_capacity_search_finds_the_known_concurrency():

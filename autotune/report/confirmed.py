@@ -7,8 +7,8 @@ from typing import Any, Sequence
 
 from autotune.store.models import StudyRecord, TrialRecord
 from autotune.store.repository import ResultStore
-from autotune.tuner.verdict import (NOISE_FLOOR, Confirmed, ObjectiveVerdict, first_bracket, objective_verdict,
-                                    relative_spread, summarize_confirmations)
+from autotune.tuner.verdict import (MIN_ROUNDS, NOISE_FLOOR, Confirmed, ObjectiveVerdict, first_bracket,
+                                    objective_verdict, relative_spread, summarize_confirmations)
 from autotune.tuner.winner import ExportChoice, baseline_words
 
 NOT_CONFIRMED = "not confirmed"
@@ -95,14 +95,41 @@ def placement(rows: Sequence[Any]) -> str:
     return ", ".join(out)
 
 
+def rounds_left_text(times: Sequence[tuple[int, int, float]]) -> str:
+    """`round_times` as `show` says it; empty when a round has nothing to be timed by."""
+    if not times or any(secs <= 0 for _, _, secs in times):
+        return ""
+    return (f"{sum(n for _, n, _ in times)} repeat(s) left: "
+            + ", ".join(f"round {r + 1} ~{secs:.0f} s" for r, _, secs in times)
+            + " (each configuration timed by its repeats so far, else its first run; a round runs whole)")
+
+
+def confirmation_to_run(study: StudyRecord, trials: Sequence[TrialRecord], rows: Sequence[Any]) -> str:
+    """Which configurations the confirmation repeats (as `run` and `autotune confirm` pick them with the
+    study's own `confirm:` settings) and how long each round still to run should take."""
+    from autotune.tuner.confirm import configs_to_confirm, round_times
+    from autotune.tuner.driver import expected_trial_s
+
+    conf = (study.spec or {}).get("confirm") or {}
+    baseline, picks = configs_to_confirm(study, trials, rows, top_k=int(conf.get("top_k", 2)),
+                                         max_extra=int(conf.get("max_extra", 2)))
+    configs = ([baseline] if baseline is not None else []) + list(picks.candidates)
+    if not configs:
+        return ""
+    times = round_times(configs, rows, int(conf.get("repeats", MIN_ROUNDS)), expected_trial_s(trials) or 0.0)
+    said = rounds_left_text(times)
+    return "to run: " + ", ".join(f"#{t.number}" for t in configs) + (f"; {said}" if said else "")
+
+
 def confirmation_lines(study: StudyRecord, trials: Sequence[TrialRecord], confirmed: dict[int, Confirmed],
-                       left_out: Sequence[tuple[TrialRecord, str]] = (), left_out_note: str = "") -> list[str]:
+                       left_out: Sequence[tuple[TrialRecord, str]] = (), left_out_note: str = "",
+                       to_run: str = "") -> list[str]:
     """Each confirmed configuration (medians, spread, first run against its median, the load at which
-    the SLO held, whether it stays), each candidate's verdict against the baseline, and the close or
-    flagged trials the confirmation left out."""
+    the SLO held, whether it stays), each candidate's verdict against the baseline, the close or flagged
+    trials the confirmation left out, and while it is unfinished what is left to run (`to_run`)."""
     if not confirmed:
         return ["not confirmed: every figure above is one run (`autotune confirm` measures the top candidates "
-                "and the baseline again on fresh servers)"]
+                "and the baseline again on fresh servers" + (f"; {to_run}" if to_run else "") + ")"]
     lines = ["confirmed = median of repeats on fresh servers (full capacity search each, fresh prompts shared "
              "by the configurations of a round, order alternating by round); the objective columns stay each "
              "trial's first run, as Optuna saw it; a configuration leaves the front only when a repeat fails or "
@@ -127,7 +154,7 @@ def confirmation_lines(study: StudyRecord, trials: Sequence[TrialRecord], confir
         lines.append(f"  ({f'{more} more left out, listed by show --json; ' if more > 0 else ''}{left_out_note}; "
                      "`autotune confirm --extra N` repeats more)")
     if any(c.pending for c in confirmed.values()):
-        lines.append("CONFIRMATION NOT FINISHED: `autotune confirm` continues it")
+        lines.append("CONFIRMATION NOT FINISHED: `autotune confirm` continues it" + (f"; {to_run}" if to_run else ""))
         return lines
     base = confirmed.get(baseline.number) if baseline is not None else None
     if base is None or not any(r.state == "ok" for r in base.rows):

@@ -14,7 +14,7 @@ from rich.table import Table
 from autotune import causes
 from autotune.node.pool import format_cpulist
 from autotune.engine.phases import format_phases
-from autotune.report.confirmed import cell, confirmation_lines
+from autotune.report.confirmed import cell, confirmation_lines, confirmation_to_run
 from autotune.store.models import StudyRecord, TrialRecord
 from autotune.store.queries import is_feasible, pareto_front
 from autotune.store.repository import ResultStore
@@ -157,6 +157,8 @@ def show_command(args: argparse.Namespace) -> int:
              if choice.confirmed is not None and choice.confirmed.quality_changing else None)
     max_extra = int(((study.spec or {}).get("confirm") or {}).get("max_extra", 2))
     skipped, skipped_note = left_out(study, trials, rows_c, max_extra)
+    to_run = confirmation_to_run(study, trials, rows_c) if not confirmed or any(
+        c.pending for c in confirmed.values()) else ""
     # once confirmed, the front is the survivors' confirmed medians; before, the first runs'
     front = ([c.trial for c in confirmed_front(study, confirmed)] if confirmed else pareto_front(study, trials))
     predictions = store.predictions(study.id)
@@ -231,7 +233,7 @@ def show_command(args: argparse.Namespace) -> int:
         if line or why or note or placed or start or knobs:
             console.print(f"  trial {t.number}: " + "; ".join(x for x in (why, knobs, line, note, placed, start) if x),
                           markup=False, highlight=False)
-    for line in confirmation_lines(study, trials, confirmed, skipped, skipped_note):
+    for line in confirmation_lines(study, trials, confirmed, skipped, skipped_note, to_run):
         console.print(line, markup=False, highlight=False)
     for lim in limits:
         console.print("[bold]learned limit[/]: " + Limit.from_json(lim).text())

@@ -33,7 +33,7 @@ from autotune.store.models import ConfirmationRecord, StudyRecord, TrialRecord, 
 from autotune.store.queries import is_feasible
 from autotune.store.repository import ResultStore
 from autotune.tuner.objectives import measured_constraints, pick
-from autotune.tuner.picks import pick_candidates
+from autotune.tuner.picks import Picks, pick_candidates
 from autotune.tuner.trial import TrialOutcome, TrialRunner
 from autotune.tuner.verdict import bracket_low, first_bracket
 
@@ -74,6 +74,27 @@ class ConfirmResult:
     stopped_by: str | None
 
 
+def configs_to_confirm(study: StudyRecord, trials: Sequence[TrialRecord], rows: Sequence[ConfirmationRecord], *,
+                       top_k: int, max_extra: int) -> tuple[TrialRecord | None, Picks]:
+    """The feasible baseline and the picked candidates: what a confirmation repeats, and what `show` times
+    before it runs."""
+    baseline = next((t for t in trials if t.role == "baseline" and is_feasible(t)), None)
+    return baseline, pick_candidates(study, trials, top_k, max_extra, rows)
+
+
+def round_times(configs: Sequence[TrialRecord], rows: Sequence[ConfirmationRecord], repeats: int,
+                fallback_s: float) -> list[tuple[int, int, float]]:
+    """(round, repeats missing, expected seconds) of each round not finished, its repeats timed by
+    `expected_repeat_s`: a round runs whole on one machine, so whoever splits the work into sessions needs
+    each round's length, not the total."""
+    out = []
+    for r in range(repeats):
+        missing = [t for t in configs if not any(x.trial_id == t.id and x.round == r for x in rows)]
+        if missing:
+            out.append((r, len(missing), sum(expected_repeat_s(t, rows, fallback_s) for t in missing)))
+    return out
+
+
 def plan_rounds(spec: StudySpec, store: ResultStore, study: StudyRecord, *, top_k: int, repeats: int,
                 say: Callable[[str], None], max_extra: int = 0) -> list[Round]:
     """The rounds with repeats still missing, of the picked candidates (tuner/picks.py: `top_k`, then up to
@@ -81,8 +102,7 @@ def plan_rounds(spec: StudySpec, store: ResultStore, study: StudyRecord, *, top_
     already stored (an earlier, interrupted confirmation) are kept. What was picked is said."""
     trials = store.trials(study.id)
     rows = store.confirmations(study.id)
-    baseline = next((t for t in trials if t.role == "baseline" and is_feasible(t)), None)
-    picks = pick_candidates(study, trials, top_k, max_extra, rows)
+    baseline, picks = configs_to_confirm(study, trials, rows, top_k=top_k, max_extra=max_extra)
     candidates = picks.candidates
     if baseline is None and not candidates:
         say("confirmation: no feasible trial to confirm")

@@ -11,9 +11,9 @@ import pytest
 
 from autotune.bench import measurement_flags as mflags
 from autotune.export.choice import exported_trial
-from autotune.report.confirmed import confirmation_lines
+from autotune.report.confirmed import confirmation_lines, rounds_left_text
 from autotune.store.models import ConfirmationRecord, StudyRecord, TrialRecord
-from autotune.tuner.confirm import plan, round_seed
+from autotune.tuner.confirm import plan, round_seed, round_times
 from autotune.tuner.picks import pick_candidates
 from autotune.tuner.verdict import (objective_verdict, paired_ratio_interval, relative_spread,
                                     summarize_confirmations, t975)
@@ -290,6 +290,32 @@ def test_the_confirmation_also_repeats_the_best_first_run_that_costs_nothing_on_
     cheap = [base, _trial(1, tps=3000, tpot=8.7), _trial(3, tps=2900, tpot=7.0), _trial(2, tps=2800, tpot=8.0)]
     picks = pick_candidates(s, cheap, k=2)
     assert [t.number for t in picks.candidates] == [1, 3] and picks.costless == ""
+
+
+def test_an_unfinished_confirmation_says_how_long_each_round_left_will_take():
+    """The H100 decode study after round 1: each round left is timed by its configurations' repeats so far,
+    else their first runs, so a user can tell whether a session holds one (a round runs whole)."""
+    import datetime as dt
+
+    s = _study()
+    t0 = dt.datetime(2026, 12, 6, 10, 52)
+    base, cand, fresh = _trial(0, "baseline", tps=16636), _trial(1, tps=17895), _trial(4, tps=17336)
+    fresh.started_at, fresh.finished_at = t0, t0 + dt.timedelta(seconds=226)      # no repeat yet: its first run
+    rows = _rows(base, [(14847, 16.7)]) + _rows(cand, [(17239, 18.5)])
+    for r, took in zip(rows, (281, 246)):
+        r.started_at, r.finished_at = t0, t0 + dt.timedelta(seconds=took)
+    times = round_times([base, cand, fresh], rows, 3, fallback_s=190.0)
+    assert times == [(0, 1, 226.0), (1, 3, 753.0), (2, 3, 753.0)]
+    said = rounds_left_text(times)
+    assert said.startswith("7 repeat(s) left: round 1 ~226 s, round 2 ~753 s, round 3 ~753 s (")
+    shown = confirmation_lines(s, [base, cand, fresh], summarize_confirmations(s, [base, cand, fresh], rows),
+                               to_run=f"to run: #0, #1, #4; {said}")
+    assert "CONFIRMATION NOT FINISHED: `autotune confirm` continues it; to run: #0, #1, #4; 7 repeat(s)" in shown[-1]
+    # nothing to go by but the study's median trial: that, as before
+    fresh.finished_at = None
+    assert round_times([fresh], [], 3, fallback_s=190.0) == [(0, 1, 190.0), (1, 1, 190.0), (2, 1, 190.0)]
+    # nothing at all: no figure rather than a wrong one
+    assert rounds_left_text(round_times([fresh], [], 3, fallback_s=0.0)) == ""
 
 
 def test_a_verdict_says_which_rounds_paired_repeats_run_hours_apart():

@@ -182,7 +182,8 @@ def show_command(args: argparse.Namespace) -> int:
                           "output_preserving": ({"best": keeps.trial.number if keeps.trial else None,
                                                  "why": keeps.why, "notes": keeps.notes} if keeps else None),
                           "confirmation_left_out": [{"trial": t.number, "why": why} for t, why in skipped],
-                          "confirmation_left_out_note": skipped_note or None},
+                          "confirmation_left_out_note": skipped_note or None,
+                          "confirmation_to_run": to_run or None},
                          indent=2, default=str))
         return 0
     console = Console(width=160)

@@ -56,6 +56,10 @@ def test_confirm_on_the_simulator(tmp_path: Path, servers_in, sim_spec) -> None:
     p = _cli("export", "--storage", url, "--format", "json", "--trial", "1", "-o", "-", cwd=tmp_path)
     assert p.returncode == 1 and "is not confirmed" in p.stderr
     values_before = _q(db, "select trial_id, objective, value from trial_values order by 1, 2")
+    # before it runs, `show` says what the confirmation will repeat and each round's time by the first runs
+    to_run = json.loads(_cli("show", "--storage", url, "--json", cwd=tmp_path).stdout)["confirmation_to_run"]
+    assert to_run.startswith("to run: #0, #1; 6 repeat(s) left: round 1 ~"), to_run
+    assert "round 3 ~" in to_run and "a round runs whole" in to_run
 
     # the same run command on a finished study: no new trial, the confirmation runs (the study loop's hook)
     p = _cli("run", "--study", str(spec), "--n-trials", "2", "--no-progress", cwd=tmp_path)
@@ -91,6 +95,7 @@ def test_confirm_on_the_simulator(tmp_path: Path, servers_in, sim_spec) -> None:
 
     show = json.loads(_cli("show", "--storage", url, "--json", cwd=tmp_path).stdout)
     assert set(show["confirmations"]) == {"0", "1"} and show["pareto_front_confirmed"] is True
+    assert show["confirmation_to_run"] is None                 # done: nothing left to run
     text = _cli("show", "--storage", url, cwd=tmp_path).stdout
     assert "4 repeat(s)" in text and "first run" in text
     out = tmp_path / "best.yaml"

@@ -190,8 +190,10 @@ async def _measure(client: StreamClient, arrivals: Arrivals, prompts: Iterator[P
     stop = asyncio.Event()
     aborter = None
     if abort_on_slo and slo is not None:
-        # a closed loop's first wave starts together and queues its prefills: judge after two waves
-        aborter = EarlyAbort(slo, num_requests, min_samples=max(20, 2 * (concurrency or 0)))
+        # a closed loop's first wave starts together and queues its prefills: judge after two waves, the
+        # first of them counted in `records` only when it is not the settle wave kept apart (with it kept
+        # apart, two counted waves were every request of a 2-wave step: the rule could never end one early)
+        aborter = EarlyAbort(slo, num_requests, min_samples=max(20, 2 * (concurrency or 0) - settle))
     reason: list[str] = []
 
     def judge() -> None:

@@ -90,6 +90,17 @@ async def test_early_abort_cuts_an_overloaded_step():
     assert kept["abort_reason"].startswith("ttft:p99<=100ms: ") and "over the limit" in kept["abort_reason"]
 
 
+async def test_a_mean_bound_step_with_its_first_wave_kept_apart_ends_after_one_counted_wave():
+    """A mean term has no 'certain' rule; the 'clear' one judges after two waves. With the first wave
+    kept apart (`settle`, as every capacity step above one stream sends it) the second is the first
+    counted one: waiting for two counted waves was every request of the step, never an early end."""
+    async with mock(mode="batch", step_ms=4, per_seq_ms=0.5, max_seqs=64) as url:   # TPOT ~24 ms at 40
+        m = await run_load(url, "mock", W, concurrency=40, num_requests=80, settle=40,
+                           slo=SLO.parse("tpot:mean<=12ms"), abort_on_slo=True)
+    assert m.aborted_early and m.load["abort_reason"].startswith("tpot:mean<=12ms: mean of ")
+    assert 40 <= m.metrics["completed"] < 80 and m.load["cancelled"] > 0
+
+
 async def test_capacity_search_finds_the_known_concurrency():
     # TPOT = 8 + 1 * batch ms; limit 48.5 ms: highest concurrency meeting it is 40. One stream is worth a
     # whole millisecond of TPOT, so the lag a busy box adds to every token moves the figure little (at

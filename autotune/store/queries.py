@@ -4,9 +4,15 @@ only, so a failed trial's placeholder can never be shown or exported as a result
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 from autotune.store.models import StudyRecord, TrialRecord
+
+
+def wall_s(r: Any) -> float | None:
+    """Seconds from a trial's or a repeat's start to its finish (any row with both columns); None while
+    either is missing."""
+    return (r.finished_at - r.started_at).total_seconds() if r.finished_at and r.started_at else None
 
 
 def is_feasible(t: TrialRecord) -> bool:

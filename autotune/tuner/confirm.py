@@ -30,7 +30,7 @@ from autotune import causes
 from autotune.node.pool import Lease
 from autotune.spec import StudySpec
 from autotune.store.models import ConfirmationRecord, StudyRecord, TrialRecord, utcnow
-from autotune.store.queries import is_feasible
+from autotune.store.queries import is_feasible, wall_s
 from autotune.store.repository import ResultStore
 from autotune.tuner.objectives import measured_constraints, pick
 from autotune.tuner.picks import Picks, pick_candidates
@@ -192,15 +192,11 @@ def expected_repeat_s(trial: TrialRecord, rows: Sequence[ConfirmationRecord], fa
     the study's largest, with more streams and longer capacity searches than its median trial: on the H100
     decode study a round of four took 956 s where four median trials (190 s) said 759 s, and a round started
     on such an estimate would be cut and finished on another machine, the thing a whole round avoids."""
-    walls = [_wall(r) for r in rows if r.trial_id == trial.id and r.state != "failed" and _wall(r) > 0]
+    walls = [w for r in rows if r.trial_id == trial.id and r.state != "failed" and (w := wall_s(r))]
     if walls:
         return statistics.median(walls)
-    own = _wall(trial) if trial.state == "ok" else 0.0
-    return own if own > 0 else fallback
-
-
-def _wall(r: TrialRecord | ConfirmationRecord) -> float:
-    return (r.finished_at - r.started_at).total_seconds() if r.finished_at and r.started_at else 0.0
+    own = wall_s(trial) if trial.state == "ok" else None
+    return own if own else fallback
 
 
 def _stored(store: ResultStore, study: StudyRecord, trial: TrialRecord, round_: int) -> bool:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
+import statistics
 import threading
 import time
 from dataclasses import dataclass, field
@@ -39,6 +40,7 @@ from autotune.flags import flags_to_mapping, with_env
 from autotune.space import SearchSpace, mapping_to_flags
 from autotune.spec import StudySpec
 from autotune.store.models import utcnow
+from autotune.store.queries import wall_s
 from autotune.store.reconnect import wait_to_connect
 from autotune.store.repository import ResultStore, sqlite_path
 from autotune.telemetry import headroom_violation
@@ -92,14 +94,10 @@ def expected_trial_s(records: Sequence[Any]) -> float | None:
     constraint nor interrupted). A trial started with less time than that left before `--timeout` would
     most likely be cut off, wasting its startup and its slot: on a GPU host split into fixed-length
     sessions, or an overnight run that must end by morning, it is better to stop cleanly."""
-    walls = sorted((r.finished_at - r.started_at).total_seconds() for r in records
-                   if r.state in ("ok", "failed")
-                   and r.cause not in (causes.CONSTRAINT, causes.PREDICTED_OOM, causes.WORKER_DIED)
-                   and r.finished_at is not None and r.started_at is not None)
-    if not walls:
-        return None
-    mid = len(walls) // 2
-    return walls[mid] if len(walls) % 2 else (walls[mid - 1] + walls[mid]) / 2
+    walls = [w for r in records if r.state in ("ok", "failed")
+             and r.cause not in (causes.CONSTRAINT, causes.PREDICTED_OOM, causes.WORKER_DIED)
+             and (w := wall_s(r)) is not None]
+    return statistics.median(walls) if walls else None
 
 
 def log_dir_for(spec: StudySpec) -> Path:

@@ -107,7 +107,7 @@ def rounds_left_text(times: Sequence[tuple[int, int, float]]) -> str:
 def confirmation_to_run(study: StudyRecord, trials: Sequence[TrialRecord], rows: Sequence[Any]) -> str:
     """Which configurations the confirmation repeats (as `run` and `autotune confirm` pick them with the
     study's own `confirm:` settings) and how long each round still to run should take."""
-    from autotune.tuner.confirm import configs_to_confirm, round_times
+    from autotune.tuner.confirm import configs_to_confirm, round_times, rounds_to_run
     from autotune.tuner.driver import expected_trial_s
 
     conf = (study.spec or {}).get("confirm") or {}
@@ -116,9 +116,12 @@ def confirmation_to_run(study: StudyRecord, trials: Sequence[TrialRecord], rows:
     configs = ([baseline] if baseline is not None else []) + list(picks.candidates)
     if not configs:
         return ""
-    times = round_times(configs, rows, int(conf.get("repeats", MIN_ROUNDS)), expected_trial_s(trials) or 0.0)
-    said = rounds_left_text(times)
-    return "to run: " + ", ".join(f"#{t.number}" for t in configs) + (f"; {said}" if said else "")
+    repeats = int(conf.get("repeats", MIN_ROUNDS))
+    said = rounds_left_text(round_times(configs, rows, repeats, expected_trial_s(trials) or 0.0))
+    _, cut = rounds_to_run(configs, rows, repeats)
+    cut_said = (f"round(s) {', '.join(str(r + 1) for r in cut)} cut in an earlier run, replaced (a round is not "
+                f"finished by another run: its pairs would span two)" if cut else "")
+    return "to run: " + ", ".join(f"#{t.number}" for t in configs) + "".join(f"; {x}" for x in (said, cut_said) if x)
 
 
 def confirmation_lines(study: StudyRecord, trials: Sequence[TrialRecord], confirmed: dict[int, Confirmed],

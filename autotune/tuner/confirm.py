@@ -12,8 +12,11 @@ order inside a round alternates (A B .. in even rounds, .. B A in odd ones): a m
 steadily slower then costs each side the same on average, which a fixed A-then-B order would not.
 
 Repeats are rows of `autotune_confirmations`, linked to their trial; Optuna's values stay the first
-run's. They count against `--timeout` (a repeat is not started without the time a trial takes) but not
-against `--n-trials`; a cut repeat is simply run again by the next `run` or `confirm`.
+run's. They count against `--timeout` but not against `--n-trials`. A round runs whole in one run: one
+that the time left cannot hold is not started, and one cut anyway (an interrupt, a repeat that took longer
+than expected, a measurement worker that died) is not finished by a later run, on another machine or
+night, whose repeats would pair with this run's: a new round takes its place, and the cut round's repeats
+count as repeats of their configurations, its pairs of one run as pairs.
 """
 
 from __future__ import annotations
@@ -46,14 +49,41 @@ def round_seed(spec_seed: int, r: int) -> int:
     return spec_seed + ROUND_SEED_BASE + ROUND_SEED_STRIDE * r
 
 
-def plan(baseline: TrialRecord | None, candidates: Sequence[TrialRecord], repeats: int) -> list[tuple[int, int, TrialRecord]]:
-    """(round, position, trial) in the order they run: A B .. then .. B A, alternating by round."""
+def plan(baseline: TrialRecord | None, candidates: Sequence[TrialRecord], repeats: int | Sequence[int]
+         ) -> list[tuple[int, int, TrialRecord]]:
+    """(round, position, trial) in the order they run: A B .. then .. B A, alternating by round; `repeats`
+    is a count (rounds 0..n-1) or the round numbers."""
     configs = ([baseline] if baseline is not None else []) + list(candidates)
     out = []
-    for r in range(repeats):
+    for r in (range(repeats) if isinstance(repeats, int) else repeats):
         order = configs if r % 2 == 0 else configs[::-1]
         out += [(r, i, t) for i, t in enumerate(order)]
     return out
+
+
+def rounds_to_run(configs: Sequence[TrialRecord], rows: Sequence[ConfirmationRecord],
+                  repeats: int) -> tuple[list[int], list[int]]:
+    """(the rounds still to run, the rounds cut in an earlier run): rounds are counted from 0, a round
+    holding a row of every configuration is whole, one holding none is run, and one holding some is cut and
+    skipped (its pairs would span two runs), until `repeats` rounds are whole or planned."""
+    ids = {t.id for t in configs}
+    stored: dict[int, set[int]] = {}
+    for x in rows:
+        if x.trial_id in ids:
+            stored.setdefault(x.round, set()).add(x.trial_id)
+    todo: list[int] = []
+    cut: list[int] = []
+    whole, r = 0, 0
+    while ids and whole + len(todo) < repeats:
+        have = stored.get(r, set())
+        if not have:
+            todo.append(r)
+        elif have == ids:
+            whole += 1
+        else:
+            cut.append(r)
+        r += 1
+    return todo, cut
 
 
 @dataclass
@@ -70,7 +100,7 @@ class Round:
 @dataclass
 class ConfirmResult:
     done: int          # repeats run by this call
-    pending: int       # repeats still missing (timeout)
+    pending: int       # repeats still to run (timeout; a cut round counts whole: it runs again)
     stopped_by: str | None
 
 
@@ -87,19 +117,17 @@ def round_times(configs: Sequence[TrialRecord], rows: Sequence[ConfirmationRecor
     """(round, repeats missing, expected seconds) of each round not finished, its repeats timed by
     `expected_repeat_s`: a round runs whole on one machine, so whoever splits the work into sessions needs
     each round's length, not the total."""
-    out = []
-    for r in range(repeats):
-        missing = [t for t in configs if not any(x.trial_id == t.id and x.round == r for x in rows)]
-        if missing:
-            out.append((r, len(missing), sum(expected_repeat_s(t, rows, fallback_s) for t in missing)))
-    return out
+    todo, _ = rounds_to_run(configs, rows, repeats)
+    each = sum(expected_repeat_s(t, rows, fallback_s) for t in configs)
+    return [(r, len(configs), each) for r in todo]
 
 
 def plan_rounds(spec: StudySpec, store: ResultStore, study: StudyRecord, *, top_k: int, repeats: int,
                 say: Callable[[str], None], max_extra: int = 0) -> list[Round]:
     """The rounds with repeats still missing, of the picked candidates (tuner/picks.py: `top_k`, then up to
-    `max_extra` whose first run lies within the noise of the best or is flagged) and the baseline; rows
-    already stored (an earlier, interrupted confirmation) are kept. What was picked is said."""
+    `max_extra` whose first run lies within the noise of the best or is flagged) and the baseline; whole
+    rounds already stored are kept, and one cut in an earlier run is replaced by a new one
+    (`rounds_to_run`). What was picked, and what was cut, is said."""
     trials = store.trials(study.id)
     rows = store.confirmations(study.id)
     baseline, picks = configs_to_confirm(study, trials, rows, top_k=top_k, max_extra=max_extra)
@@ -107,10 +135,15 @@ def plan_rounds(spec: StudySpec, store: ResultStore, study: StudyRecord, *, top_
     if baseline is None and not candidates:
         say("confirmation: no feasible trial to confirm")
         return []
-    have = {(r.trial_id, r.round) for r in rows}
-    todo = [(r, i, t) for r, i, t in plan(baseline, candidates, repeats) if (t.id, r) not in have]
-    names = ", ".join(f"#{t.number}" for t in ([baseline] if baseline else []) + candidates)
+    configs = ([baseline] if baseline else []) + list(candidates)
+    numbers, cut = rounds_to_run(configs, rows, repeats)
+    todo = plan(baseline, candidates, numbers)
+    names = ", ".join(f"#{t.number}" for t in configs)
     say(f"confirmation: {names} x {repeats} rounds on fresh servers ({len(todo)} repeat(s) to run)")
+    if cut:
+        say(f"confirmation: round(s) {', '.join(str(r + 1) for r in cut)} cut in an earlier run, not finished "
+            f"in this one (the pairs would span two runs): round(s) {', '.join(str(r + 1) for r in numbers)} "
+            f"run instead; a cut round's repeats still count as repeats, its pairs of one run as pairs")
     if picks.costless:
         say(f"confirmation: {picks.costless}")
     if picks.extras:
@@ -131,32 +164,36 @@ def run_round(spec: StudySpec, store: ResultStore, study: StudyRecord, runner: T
               repeats: int, phase: Callable[[str], None], say: Callable[[str], None], deadline: float | None = None,
               expected_s: float = 0.0, lease: Lease | None = None, budget_s: float | None = None) -> ConfirmResult:
     """Run one round's missing repeats in order on fresh servers (with a `lease`: its GPUs, ports and
-    cores, recorded on every row). A repeat that would not finish before `deadline` is not started
-    (`stopped_by` "timeout", `pending` what is left of the round), and a round none of whose repeats is
-    stored yet is not started unless all of them fit (each as `expected_repeat_s` says, `expected_s`
-    where nothing better is known): a round is one paired
-    comparison, and one cut by the deadline would be finished by a later run, on another machine or
-    another night, which is what pairing inside a round is there to exclude. Only when the invocation's
-    whole time (`budget_s`) could never hold a round do its repeats run one by one. A repeat whose measurement worker died
-    measured nothing: it is not stored, so the next call runs it. Interrupts propagate after the running
-    server is stopped; the rows stored so far stay. Several processes may confirm one study (they share
-    its storage): a repeat another one has stored since the plan is skipped, and one it stores while this
-    one measures is kept (theirs), not an error."""
+    cores, recorded on every row). A round none of whose repeats is stored yet is not started unless all
+    of them fit before `deadline` (each as `expected_repeat_s` says, `expected_s` where nothing better is
+    known; `stopped_by` "timeout"): a round is one paired comparison, and one cut by the deadline would be
+    replaced by the next run (`rounds_to_run`), its time spent for no pair. That holds too when the
+    invocation's whole time (`budget_s`) could never hold a round: it says so and the time a round needs,
+    where it once ran the repeats one by one and left rounds whose pairs spanned two machines (the H100
+    decode study's round 2). A repeat that would not finish before `deadline` is not started. A repeat
+    whose measurement worker died measured nothing and is not stored: the round is cut. Interrupts
+    propagate after the running server is stopped; the rows stored so far stay. Several processes may
+    confirm one study (they share its storage): a repeat another one has stored since the plan is
+    skipped, and one it stores while this one measures is kept (theirs), not an error."""
     done = 0
     rows = store.confirmations(study.id)
-    begun = any(r.round == rnd.number for r in rows)
+    ids = {t.id for _, t in rnd.repeats}
+    begun = any(r.round == rnd.number and r.trial_id in ids for r in rows)
     takes = [expected_repeat_s(t, rows, expected_s) for _, t in rnd.repeats]
     if deadline is not None and sum(takes) > 0 and not begun:
         need, left = sum(takes), deadline - time.monotonic()
-        if left < need and (budget_s is None or budget_s >= need):
+        if left < need:
+            whole = (f"; this run's whole time, {budget_s:.0f} s, can never hold one: give it at least "
+                     f"{need:.0f} s" if budget_s is not None and budget_s < need else "")
             say(f"[confirm {rnd.number + 1}/{repeats}] round not started: its {len(rnd.repeats)} repeat(s) take "
-                f"~{need:.0f} s and {max(left, 0):.0f} s are left (a round runs whole, its pairs on one machine)")
+                f"~{need:.0f} s and {max(left, 0):.0f} s are left (a round runs whole, its pairs on one "
+                f"machine{whole})")
             return ConfirmResult(0, len(rnd.repeats), "timeout")
     for n, (pos, t) in enumerate(rnd.repeats):
         if deadline is not None:
             left = deadline - time.monotonic()
-            if left <= 0 or left < takes[n]:
-                return ConfirmResult(done, len(rnd.repeats) - n, "timeout")
+            if left <= 0 or left < takes[n]:      # cut here, the next run runs a whole round again
+                return ConfirmResult(done, len(rnd.repeats), "timeout")
         if _stored(store, study, t, rnd.number):
             continue
         say(f"[confirm {rnd.number + 1}/{repeats}] trial {t.number} ({t.role}), seed {rnd.seed}")
@@ -166,7 +203,7 @@ def run_round(spec: StudySpec, store: ResultStore, study: StudyRecord, runner: T
                              hint=first_bracket(t) if spec.load.search_start == "study" else None)
         if outcome.cause == causes.WORKER_DIED:
             say(f"[confirm {rnd.number + 1}/{repeats}] trial {t.number}: not stored ({outcome.detail}); "
-                f"the next run repeats it")
+                f"the round is cut, and the next run replaces it")
             continue
         row = _row(spec, outcome)
         try:

@@ -231,6 +231,8 @@ def summarize_confirmations(study: StudyRecord, trials: Sequence[TrialRecord],
             grouped.setdefault(r.trial_id, []).append(r)
     names = [(o, d) for o, d in study.objectives]
     baseline = next((t for t in trials if t.role == "baseline"), None)
+    # the rounds a candidate can pair with: a round cut in an earlier run may hold it without the baseline
+    base_round_set = {r.round for r in grouped.get(baseline.id, [])} if baseline is not None else set()
     out: dict[int, Confirmed] = {}
     for tid, reps in grouped.items():
         t = by_id[tid]
@@ -249,6 +251,9 @@ def summarize_confirmations(study: StudyRecord, trials: Sequence[TrialRecord],
             c.why_not = _unmet(unmet[0])
         elif len(c.rows) < MIN_ROUNDS:
             c.pending, c.why_not = True, f"{len(c.rows)} of {MIN_ROUNDS} repeats so far"
+        elif base_round_set and baseline is not None and tid != baseline.id \
+                and len(shared := base_round_set & {r.round for r in c.rows}) < MIN_ROUNDS:
+            c.pending, c.why_not = True, f"{len(shared)} of {MIN_ROUNDS} rounds paired with the baseline so far"
         elif any(n not in c.medians for n, _ in names):
             c.why_not = "its repeats did not measure " + ", ".join(n for n, _ in names if n not in c.medians)
         else:

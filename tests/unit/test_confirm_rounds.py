@@ -1,8 +1,9 @@
-"""A confirmation round runs whole under a deadline (tuner/confirm.py): a fresh round that the time left
-cannot hold is not started, so its pairs never span two runs (another machine, another night); a round
-already begun is finished repeat by repeat; an invocation whose whole time could never hold a round
-still runs repeats one by one. Through a real SQLite store, with a runner that measures nothing and a
-clock that only it moves (600 s a repeat)."""
+"""A confirmation round runs whole in one run (tuner/confirm.py): a fresh round that the time left cannot
+hold is not started, also when the run's whole time could never hold one (it says what a round needs); a
+round cut in an earlier run is not finished by a later one but replaced, so its pairs never span two runs
+(another machine, another night), and the verdict waits for enough rounds paired with the baseline.
+Through a real SQLite store, with a runner that measures nothing and a clock that only it moves (600 s a
+repeat)."""
 
 from __future__ import annotations
 
@@ -77,23 +78,63 @@ def test_a_fresh_round_that_the_deadline_would_cut_is_not_started(tmp_path: Path
     assert (result.done, result.pending, result.stopped_by) == (2, 0, None) and runner.ran == [0, 1]
 
 
-def test_a_begun_round_is_finished_repeat_by_repeat(tmp_path: Path, monkeypatch) -> None:
+def test_a_round_another_process_began_is_finished_repeat_by_repeat(tmp_path: Path, monkeypatch) -> None:
+    """Two processes confirming one study: the other stored a repeat of this round after this one planned
+    it. The round is begun, so it is not held back for the whole round's time; the stored repeat is skipped."""
     spec, store, study, trials = _setup(tmp_path, count=3)
     runner, said = CountingRunner(), []
+    rnd = Round(0, 123, list(enumerate(trials)))
     store.save_confirmation(study_id=study.id, trial_id=trials[0].id, round=0, position=0, seed=123, state="ok",
                             objectives={"capacity_tps": 1950.0, "p50_tpot_ms": 12.0}, constraints={})
-    # two repeats left (~1,200 s), ~700 s: the begun round is not held back, one more repeat fits
-    result = _run(spec, store, study, runner, trials, said, left_s=700, budget_s=8 * 3600, monkeypatch=monkeypatch)
-    assert (result.done, result.pending, result.stopped_by) == (1, 1, "timeout") and runner.ran == [1]
+    monkeypatch.setattr(confirm, "time", SimpleNamespace(monotonic=lambda: runner.now))
+    # two repeats left (~1,200 s), ~700 s: one more repeat fits; the cut round counts whole as left
+    result = run_round(spec, store, study, runner, rnd, repeats=3, phase=lambda _: None, say=said.append,
+                       deadline=700.0, expected_s=600.0, budget_s=8 * 3600)
+    assert (result.done, result.pending, result.stopped_by) == (1, 3, "timeout") and runner.ran == [1]
     assert not any("round not started" in s for s in said)
 
 
-def test_an_invocation_too_short_for_any_round_still_runs_repeats(tmp_path: Path, monkeypatch) -> None:
+def test_an_invocation_too_short_for_any_round_runs_none_and_says_what_a_round_needs(tmp_path: Path,
+                                                                                      monkeypatch) -> None:
+    """It once ran such rounds repeat by repeat, which left the H100 decode study's round 2 with three of
+    its four repeats on one machine and the baseline's for the next."""
     spec, store, study, trials = _setup(tmp_path)
     runner, said = CountingRunner(), []
-    # a --timeout of 1,000 s can never hold a 1,200 s round: the repeats run one by one as before
     result = _run(spec, store, study, runner, trials, said, left_s=1000, budget_s=1000, monkeypatch=monkeypatch)
-    assert (result.done, result.pending, result.stopped_by) == (1, 1, "timeout") and runner.ran == [0]
+    assert (result.done, result.pending, result.stopped_by) == (0, 2, "timeout") and runner.ran == []
+    assert any("round not started: its 2 repeat(s) take ~1200 s and 1000 s are left" in s
+               and "this run's whole time, 1000 s, can never hold one: give it at least 1200 s" in s
+               for s in said), said
+
+
+def test_a_round_cut_in_an_earlier_run_is_replaced_not_finished(tmp_path: Path) -> None:
+    """The H100 decode study after session 29: round 1 whole; round 2 holds #4, #3 and #1 but not the
+    baseline's repeat. The plan runs rounds 3 and 4 whole instead; until they ran, each candidate has one
+    round paired with the baseline and its verdict waits."""
+    from autotune.tuner.verdict import summarize_confirmations
+
+    spec, store, study, trials = _setup(tmp_path, count=3)
+    objectives = {"capacity_tps": 2000.0, "p50_tpot_ms": 12.0}
+    for r, which in ((0, trials), (1, trials[1:])):
+        for pos, t in enumerate(which):
+            store.save_confirmation(study_id=study.id, trial_id=t.id, round=r, position=pos, seed=1, state="ok",
+                                    objectives=objectives, constraints={})
+    rows = store.confirmations(study.id)
+    assert confirm.rounds_to_run(trials, rows, 3) == ([2, 3], [1])
+    assert [(r, n) for r, n, _ in confirm.round_times(trials, rows, 3, 600.0)] == [(2, 3), (3, 3)]
+    said: list[str] = []
+    rounds = confirm.plan_rounds(spec, store, study, top_k=2, repeats=3, say=said.append)
+    assert [(rnd.number, [t.number for _, t in rnd.repeats]) for rnd in rounds] == [(2, [0, 2, 1]), (3, [1, 2, 0])]
+    assert any("round(s) 2 cut in an earlier run" in s and "round(s) 3, 4 run instead" in s for s in said), said
+    # after round 3: the baseline has 2 repeats, the candidates 3 but only 2 rounds paired with the baseline
+    for pos, t in enumerate(trials):
+        store.save_confirmation(study_id=study.id, trial_id=t.id, round=2, position=pos, seed=1, state="ok",
+                                objectives=objectives, constraints={})
+    confirmed = summarize_confirmations(study, store.trials(study.id), store.confirmations(study.id))
+    assert [(n, c.pending, c.why_not) for n, c in sorted(confirmed.items())] == [
+        (0, True, "2 of 3 repeats so far"), (1, True, "2 of 3 rounds paired with the baseline so far"),
+        (2, True, "2 of 3 rounds paired with the baseline so far")]
+    assert confirm.rounds_to_run(trials, store.confirmations(study.id), 3) == ([3], [1])
 
 
 def test_a_round_is_timed_by_its_own_configurations_not_the_median_trial(tmp_path: Path, monkeypatch) -> None:

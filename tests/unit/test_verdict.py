@@ -293,8 +293,9 @@ def test_the_confirmation_also_repeats_the_best_first_run_that_costs_nothing_on_
 
 
 def test_an_unfinished_confirmation_says_how_long_each_round_left_will_take():
-    """The H100 decode study after round 1: each round left is timed by its configurations' repeats so far,
-    else their first runs, so a user can tell whether a session holds one (a round runs whole)."""
+    """Each round left is timed by its configurations' repeats so far, else their first runs, so a user can
+    tell whether a session holds one (a round runs whole). Round 1 here holds #0 and #1 but not #4: it was
+    cut, and three whole rounds are left."""
     import datetime as dt
 
     s = _study()
@@ -305,12 +306,12 @@ def test_an_unfinished_confirmation_says_how_long_each_round_left_will_take():
     for r, took in zip(rows, (281, 246)):
         r.started_at, r.finished_at = t0, t0 + dt.timedelta(seconds=took)
     times = round_times([base, cand, fresh], rows, 3, fallback_s=190.0)
-    assert times == [(0, 1, 226.0), (1, 3, 753.0), (2, 3, 753.0)]
+    assert times == [(1, 3, 753.0), (2, 3, 753.0), (3, 3, 753.0)]
     said = rounds_left_text(times)
-    assert said.startswith("7 repeat(s) left: round 1 ~226 s, round 2 ~753 s, round 3 ~753 s (")
+    assert said.startswith("9 repeat(s) left: round 2 ~753 s, round 3 ~753 s, round 4 ~753 s (")
     shown = confirmation_lines(s, [base, cand, fresh], summarize_confirmations(s, [base, cand, fresh], rows),
                                to_run=f"to run: #0, #1, #4; {said}")
-    assert "CONFIRMATION NOT FINISHED: `autotune confirm` continues it; to run: #0, #1, #4; 7 repeat(s)" in shown[-1]
+    assert "CONFIRMATION NOT FINISHED: `autotune confirm` continues it; to run: #0, #1, #4; 9 repeat(s)" in shown[-1]
     # nothing to go by but the study's median trial: that, as before
     fresh.finished_at = None
     assert round_times([fresh], [], 3, fallback_s=190.0) == [(0, 1, 190.0), (1, 1, 190.0), (2, 1, 190.0)]

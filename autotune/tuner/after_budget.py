@@ -28,12 +28,12 @@ def confirm_parts(driver: StudyDriver) -> list[BudgetPart]:
     """One job per round with repeats still missing, each leasing the largest layout among the trials the
     round repeats. A round cut by --timeout sets the driver's stop reason (the exit message says to run
     again, and no further round starts); an interrupt propagates."""
-    from autotune.tuner.confirm import plan_rounds, run_round, stopped_line
+    from autotune.tuner.confirm import plan_rounds, rounds_said, run_round, stopped_line
 
     spec = driver.spec
-    repeats = spec.confirm.repeats
-    rounds = plan_rounds(spec, driver.store, driver.record, top_k=spec.confirm.top_k, repeats=repeats,
+    rounds = plan_rounds(spec, driver.store, driver.record, top_k=spec.confirm.top_k, repeats=spec.confirm.repeats,
                          say=driver.progress.message, max_extra=spec.confirm.max_extra)
+    repeats = rounds_said(rounds, spec.confirm.repeats)
     started: set[int] = set()
     lock = threading.Lock()
 

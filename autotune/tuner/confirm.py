@@ -160,6 +160,12 @@ def plan_rounds(spec: StudySpec, store: ResultStore, study: StudyRecord, *, top_
     return list(rounds.values())
 
 
+def rounds_said(rounds: Sequence[Round], repeats: int) -> int:
+    """The N of "[confirm k/N]": `repeats`, or the last planned round's number when a cut round was
+    replaced (rounds 3 and 4 of a 3-round confirmation whose round 2 was cut say 3/4 and 4/4)."""
+    return max([repeats] + [r.number + 1 for r in rounds])
+
+
 def run_round(spec: StudySpec, store: ResultStore, study: StudyRecord, runner: TrialRunner, rnd: Round, *,
               repeats: int, phase: Callable[[str], None], say: Callable[[str], None], deadline: float | None = None,
               expected_s: float = 0.0, lease: Lease | None = None, budget_s: float | None = None) -> ConfirmResult:
@@ -255,7 +261,7 @@ def confirm_study(spec: StudySpec, store: ResultStore, study: StudyRecord, runne
     rounds = plan_rounds(spec, store, study, top_k=top_k, repeats=repeats, say=say, max_extra=max_extra)
     done = 0
     for k, rnd in enumerate(rounds):
-        result = run_round(spec, store, study, runner, rnd, repeats=repeats, phase=phase, say=say,
+        result = run_round(spec, store, study, runner, rnd, repeats=rounds_said(rounds, repeats), phase=phase, say=say,
                            deadline=deadline, expected_s=expected_s, lease=lease, budget_s=budget_s)
         done += result.done
         if result.stopped_by is not None:

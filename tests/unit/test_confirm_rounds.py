@@ -126,6 +126,7 @@ def test_a_round_cut_in_an_earlier_run_is_replaced_not_finished(tmp_path: Path) 
     rounds = confirm.plan_rounds(spec, store, study, top_k=2, repeats=3, say=said.append)
     assert [(rnd.number, [t.number for _, t in rnd.repeats]) for rnd in rounds] == [(2, [0, 2, 1]), (3, [1, 2, 0])]
     assert any("round(s) 2 cut in an earlier run" in s and "round(s) 3, 4 run instead" in s for s in said), said
+    assert confirm.rounds_said(rounds, 3) == 4       # "[confirm 3/4]", "[confirm 4/4]"
     # after round 3: the baseline has 2 repeats, the candidates 3 but only 2 rounds paired with the baseline
     for pos, t in enumerate(trials):
         store.save_confirmation(study_id=study.id, trial_id=t.id, round=2, position=pos, seed=1, state="ok",

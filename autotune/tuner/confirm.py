@@ -49,13 +49,10 @@ def round_seed(spec_seed: int, r: int) -> int:
     return spec_seed + ROUND_SEED_BASE + ROUND_SEED_STRIDE * r
 
 
-def plan(baseline: TrialRecord | None, candidates: Sequence[TrialRecord], repeats: int | Sequence[int]
-         ) -> list[tuple[int, int, TrialRecord]]:
-    """(round, position, trial) in the order they run: A B .. then .. B A, alternating by round; `repeats`
-    is a count (rounds 0..n-1) or the round numbers."""
-    configs = ([baseline] if baseline is not None else []) + list(candidates)
+def plan(configs: Sequence[TrialRecord], rounds: Sequence[int]) -> list[tuple[int, int, TrialRecord]]:
+    """(round, position, trial) in the order they run: A B .. then .. B A, alternating by round."""
     out = []
-    for r in (range(repeats) if isinstance(repeats, int) else repeats):
+    for r in rounds:
         order = configs if r % 2 == 0 else configs[::-1]
         out += [(r, i, t) for i, t in enumerate(order)]
     return out
@@ -137,7 +134,7 @@ def plan_rounds(spec: StudySpec, store: ResultStore, study: StudyRecord, *, top_
         return []
     configs = ([baseline] if baseline else []) + list(candidates)
     numbers, cut = rounds_to_run(configs, rows, repeats)
-    todo = plan(baseline, candidates, numbers)
+    todo = plan(configs, numbers)
     names = ", ".join(f"#{t.number}" for t in configs)
     say(f"confirmation: {names} x {repeats} rounds on fresh servers ({len(todo)} repeat(s) to run)")
     if cut:

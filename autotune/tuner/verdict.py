@@ -251,7 +251,7 @@ def summarize_confirmations(study: StudyRecord, trials: Sequence[TrialRecord],
             c.why_not = _unmet(unmet[0])
         elif len(c.rows) < MIN_ROUNDS:
             c.pending, c.why_not = True, f"{len(c.rows)} of {MIN_ROUNDS} repeats so far"
-        elif base_round_set and baseline is not None and tid != baseline.id \
+        elif t is not baseline and base_round_set \
                 and len(shared := base_round_set & {r.round for r in c.rows}) < MIN_ROUNDS:
             c.pending, c.why_not = True, f"{len(shared)} of {MIN_ROUNDS} rounds paired with the baseline so far"
         elif any(n not in c.medians for n, _ in names):

@@ -104,9 +104,11 @@ def rounds_left_text(times: Sequence[tuple[int, int, float]]) -> str:
             + " (each configuration timed by its repeats so far, else its first run; a round runs whole)")
 
 
-def confirmation_to_run(study: StudyRecord, trials: Sequence[TrialRecord], rows: Sequence[Any]) -> str:
+def confirmation_to_run(study: StudyRecord, trials: Sequence[TrialRecord],
+                        rows: Sequence[Any]) -> tuple[str, set[int]]:
     """Which configurations the confirmation repeats (as `run` and `autotune confirm` pick them with the
-    study's own `confirm:` settings) and how long each round still to run should take."""
+    study's own `confirm:` settings) and how long each round still to run should take, said; and their
+    trial numbers, which are not "left out" while it is unfinished, whatever the first pick was."""
     from autotune.tuner.confirm import configs_to_confirm, round_times, rounds_to_run
     from autotune.tuner.driver import expected_trial_s
 
@@ -115,13 +117,14 @@ def confirmation_to_run(study: StudyRecord, trials: Sequence[TrialRecord], rows:
                                          max_extra=int(conf.get("max_extra", 2)))
     configs = ([baseline] if baseline is not None else []) + list(picks.candidates)
     if not configs:
-        return ""
+        return "", set()
     repeats = int(conf.get("repeats", MIN_ROUNDS))
     said = rounds_left_text(round_times(configs, rows, repeats, expected_trial_s(trials) or 0.0))
     _, cut = rounds_to_run(configs, rows, repeats)
     cut_said = (f"round(s) {', '.join(str(r + 1) for r in cut)} cut in an earlier run, replaced (a round is not "
                 f"finished by another run: its pairs would span two)" if cut else "")
-    return "to run: " + ", ".join(f"#{t.number}" for t in configs) + "".join(f"; {x}" for x in (said, cut_said) if x)
+    return ("to run: " + ", ".join(f"#{t.number}" for t in configs) + "".join(f"; {x}" for x in (said, cut_said) if x),
+            {t.number for t in configs})
 
 
 def confirmation_lines(study: StudyRecord, trials: Sequence[TrialRecord], confirmed: dict[int, Confirmed],

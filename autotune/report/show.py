@@ -157,8 +157,9 @@ def show_command(args: argparse.Namespace) -> int:
              if choice.confirmed is not None and choice.confirmed.quality_changing else None)
     max_extra = int(((study.spec or {}).get("confirm") or {}).get("max_extra", 2))
     skipped, skipped_note = left_out(study, trials, rows_c, max_extra)
-    to_run = confirmation_to_run(study, trials, rows_c) if not confirmed or any(
-        c.pending for c in confirmed.values()) else ""
+    to_run, joining = confirmation_to_run(study, trials, rows_c) if not confirmed or any(
+        c.pending for c in confirmed.values()) else ("", set())
+    skipped = [(t, why) for t, why in skipped if t.number not in joining]   # the next run repeats those
     # once confirmed, the front is the survivors' confirmed medians; before, the first runs'
     front = ([c.trial for c in confirmed_front(study, confirmed)] if confirmed else pareto_front(study, trials))
     predictions = store.predictions(study.id)

@@ -49,36 +49,42 @@ def round_seed(spec_seed: int, r: int) -> int:
     return spec_seed + ROUND_SEED_BASE + ROUND_SEED_STRIDE * r
 
 
-def plan(configs: Sequence[TrialRecord], rounds: Sequence[int]) -> list[tuple[int, int, TrialRecord]]:
+def plan(rounds: Sequence[tuple[int, Sequence[TrialRecord]]]) -> list[tuple[int, int, TrialRecord]]:
     """(round, position, trial) in the order they run: A B .. then .. B A, alternating by round."""
     out = []
-    for r in rounds:
-        order = configs if r % 2 == 0 else configs[::-1]
+    for r, configs in rounds:
+        order = list(configs) if r % 2 == 0 else list(configs)[::-1]
         out += [(r, i, t) for i, t in enumerate(order)]
     return out
 
 
 def rounds_to_run(configs: Sequence[TrialRecord], rows: Sequence[ConfirmationRecord],
-                  repeats: int) -> tuple[list[int], list[int]]:
-    """(the rounds still to run, the rounds cut in an earlier run): rounds are counted from 0, a round
-    holding a row of every configuration is whole, one holding none is run, and one holding some is cut and
-    skipped (its pairs would span two runs), until `repeats` rounds are whole or planned."""
+                  repeats: int) -> tuple[list[tuple[int, list[TrialRecord]]], list[int]]:
+    """(the rounds still to run, each with the configurations it holds in `configs`' order; the rounds cut
+    in an earlier run before the baseline's repeat). Each configuration counts the rounds holding its row
+    and the baseline's (the baseline its own rows; with no baseline, its own rows), since a pair is what
+    the verdict weighs. A round number that holds any row belongs to the run that stored it and is never
+    run again (its pairs would span two runs); new rounds take the first unused numbers, the k-th holding
+    the baseline and every configuration still more than k rounds short of `repeats`. Counting per
+    configuration, not per round, is what lets one join a confirmation under way (a wider noise circle
+    once the baseline's repeats exist, tuner/picks.py; `--extra`) without voiding the rounds the others
+    finished: counted per round, a newcomer made every earlier round look cut, and the H100 decode
+    study's two whole rounds would have been run again."""
+    base = next((t for t in configs if t.role == "baseline"), None)
     ids = {t.id for t in configs}
-    stored: dict[int, set[int]] = {}
+    held: dict[int, set[int]] = {}
     for x in rows:
-        if x.trial_id in ids:
-            stored.setdefault(x.round, set()).add(x.trial_id)
-    todo: list[int] = []
-    cut: list[int] = []
-    whole, r = 0, 0
-    while ids and whole + len(todo) < repeats:
-        have = stored.get(r, set())
-        if not have:
-            todo.append(r)
-        elif have == ids:
-            whole += 1
-        else:
-            cut.append(r)
+        held.setdefault(x.round, set()).add(x.trial_id)
+    pairs = {t.id: sum(1 for got in held.values() if t.id in got and (base is None or base.id in got))
+             for t in configs}
+    need = {i: max(0, repeats - n) for i, n in pairs.items()}
+    cut = sorted(r for r, got in held.items() if base is not None and base.id not in got and got & ids)
+    todo: list[tuple[int, list[TrialRecord]]] = []
+    r = 0
+    while len(todo) < max(need.values(), default=0):
+        if r not in held:
+            k = len(todo)
+            todo.append((r, [t for t in configs if t is base or need[t.id] > k]))
         r += 1
     return todo, cut
 
@@ -115,8 +121,7 @@ def round_times(configs: Sequence[TrialRecord], rows: Sequence[ConfirmationRecor
     `expected_repeat_s`: a round runs whole on one machine, so whoever splits the work into sessions needs
     each round's length, not the total."""
     todo, _ = rounds_to_run(configs, rows, repeats)
-    each = sum(expected_repeat_s(t, rows, fallback_s) for t in configs)
-    return [(r, len(configs), each) for r in todo]
+    return [(r, len(held), sum(expected_repeat_s(t, rows, fallback_s) for t in held)) for r, held in todo]
 
 
 def plan_rounds(spec: StudySpec, store: ResultStore, study: StudyRecord, *, top_k: int, repeats: int,
@@ -133,13 +138,15 @@ def plan_rounds(spec: StudySpec, store: ResultStore, study: StudyRecord, *, top_
         say("confirmation: no feasible trial to confirm")
         return []
     configs = ([baseline] if baseline else []) + list(candidates)
-    numbers, cut = rounds_to_run(configs, rows, repeats)
-    todo = plan(configs, numbers)
+    left, cut = rounds_to_run(configs, rows, repeats)
+    todo = plan(left)
     names = ", ".join(f"#{t.number}" for t in configs)
-    say(f"confirmation: {names} x {repeats} rounds on fresh servers ({len(todo)} repeat(s) to run)")
+    short = "".join(f"; round {r + 1} only {', '.join(f'#{t.number}' for t in held)}"
+                    for r, held in left if len(held) < len(configs))
+    say(f"confirmation: {names} x {repeats} rounds on fresh servers ({len(todo)} repeat(s) to run{short})")
     if cut:
         say(f"confirmation: round(s) {', '.join(str(r + 1) for r in cut)} cut in an earlier run, not finished "
-            f"in this one (the pairs would span two runs): round(s) {', '.join(str(r + 1) for r in numbers)} "
+            f"in this one (the pairs would span two runs): round(s) {', '.join(str(r + 1) for r, _ in left)} "
             f"run instead; a cut round's repeats still count as repeats, its pairs of one run as pairs")
     if picks.costless:
         say(f"confirmation: {picks.costless}")

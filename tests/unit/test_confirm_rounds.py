@@ -120,7 +120,7 @@ def test_a_round_cut_in_an_earlier_run_is_replaced_not_finished(tmp_path: Path) 
             store.save_confirmation(study_id=study.id, trial_id=t.id, round=r, position=pos, seed=1, state="ok",
                                     objectives=objectives, constraints={})
     rows = store.confirmations(study.id)
-    assert confirm.rounds_to_run(trials, rows, 3) == ([2, 3], [1])
+    assert confirm.rounds_to_run(trials, rows, 3) == ([(2, trials), (3, trials)], [1])
     assert [(r, n) for r, n, _ in confirm.round_times(trials, rows, 3, 600.0)] == [(2, 3), (3, 3)]
     said: list[str] = []
     rounds = confirm.plan_rounds(spec, store, study, top_k=2, repeats=3, say=said.append)
@@ -135,7 +135,35 @@ def test_a_round_cut_in_an_earlier_run_is_replaced_not_finished(tmp_path: Path) 
     assert [(n, c.pending, c.why_not) for n, c in sorted(confirmed.items())] == [
         (0, True, "2 of 3 repeats so far"), (1, True, "2 of 3 rounds paired with the baseline so far"),
         (2, True, "2 of 3 rounds paired with the baseline so far")]
-    assert confirm.rounds_to_run(trials, store.confirmations(study.id), 3) == ([3], [1])
+    assert confirm.rounds_to_run(trials, store.confirmations(study.id), 3) == ([(3, trials)], [1])
+
+
+def test_a_configuration_joining_late_keeps_the_rounds_the_others_finished(tmp_path: Path) -> None:
+    """The H100 decode study in session 30: rounds 1 and 3 whole, round 2 without the baseline; then the
+    baseline's two repeats (14,847 and 10,954 tok/s) widened the noise circle and #7 joined. Counted per
+    round, #7's arrival made rounds 1 and 3 look cut and the plan began again with three rounds of five
+    (~1,091 s each). Counted per configuration: one round of all, then two of the baseline and the newcomer."""
+    spec, store, study, trials = _setup(tmp_path, count=3)
+    base, old, late = trials
+    objectives = {"capacity_tps": 2000.0, "p50_tpot_ms": 12.0}
+    for r, which in ((0, [base, old]), (1, [old]), (2, [base, old])):
+        for pos, t in enumerate(which):
+            store.save_confirmation(study_id=study.id, trial_id=t.id, round=r, position=pos, seed=1, state="ok",
+                                    objectives=objectives, constraints={})
+    rows = store.confirmations(study.id)
+    todo, cut = confirm.rounds_to_run(trials, rows, 3)
+    assert [(r, [t.number for t in held]) for r, held in todo] == [(3, [0, 1, 2]), (4, [0, 2]), (5, [0, 2])]
+    assert cut == [1]
+    assert [(r, n) for r, n, _ in confirm.round_times(trials, rows, 3, 600.0)] == [(3, 3), (4, 2), (5, 2)]
+    assert [(r, i, t.number) for r, i, t in confirm.plan(todo)] == [
+        (3, 0, 2), (3, 1, 1), (3, 2, 0), (4, 0, 0), (4, 1, 2), (5, 0, 2), (5, 1, 0)]
+    # without the newcomer the same rows need one round, and with all of them run nothing is left
+    assert confirm.rounds_to_run([base, old], rows, 3) == ([(3, [base, old])], [1])
+    for r, held in todo:
+        for pos, t in enumerate(held):
+            store.save_confirmation(study_id=study.id, trial_id=t.id, round=r, position=pos, seed=1, state="ok",
+                                    objectives=objectives, constraints={})
+    assert confirm.rounds_to_run(trials, store.confirmations(study.id), 3) == ([], [1])
 
 
 def test_a_round_is_timed_by_its_own_configurations_not_the_median_trial(tmp_path: Path, monkeypatch) -> None:

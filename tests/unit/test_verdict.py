@@ -218,7 +218,7 @@ def test_candidates_plan_and_seeds():
     # best overall (quality-changing), then the best output-preserving, then the rest of the front
     assert [t.number for t in picked] == [1, 2, 3]
     assert [t.number for t in pick_candidates(s, [base, fp8, plain, fast], k=1).candidates] == [1]
-    order = [(r, t.number) for r, _, t in plan([base, fp8, plain], range(3))]
+    order = [(r, t.number) for r, _, t in plan([(r, [base, fp8, plain]) for r in range(3)])]
     assert order == [(0, 0), (0, 1), (0, 2), (1, 2), (1, 1), (1, 0), (2, 0), (2, 1), (2, 2)]
     assert len({round_seed(0, r) for r in range(3)}) == 3 and round_seed(0, 0) != 0
 
@@ -294,8 +294,8 @@ def test_the_confirmation_also_repeats_the_best_first_run_that_costs_nothing_on_
 
 def test_an_unfinished_confirmation_says_how_long_each_round_left_will_take():
     """Each round left is timed by its configurations' repeats so far, else their first runs, so a user can
-    tell whether a session holds one (a round runs whole). Round 1 here holds #0 and #1 but not #4: it was
-    cut, and three whole rounds are left."""
+    tell whether a session holds one (a round runs whole). Round 1 here holds #0 and #1 but not #4 (cut
+    after #1): its pair counts, so two rounds of all three are left and a third of #0 and #4."""
     import datetime as dt
 
     s = _study()
@@ -306,12 +306,12 @@ def test_an_unfinished_confirmation_says_how_long_each_round_left_will_take():
     for r, took in zip(rows, (281, 246)):
         r.started_at, r.finished_at = t0, t0 + dt.timedelta(seconds=took)
     times = round_times([base, cand, fresh], rows, 3, fallback_s=190.0)
-    assert times == [(1, 3, 753.0), (2, 3, 753.0), (3, 3, 753.0)]
+    assert times == [(1, 3, 753.0), (2, 3, 753.0), (3, 2, 507.0)]
     said = rounds_left_text(times)
-    assert said.startswith("9 repeat(s) left: round 2 ~753 s, round 3 ~753 s, round 4 ~753 s (")
+    assert said.startswith("8 repeat(s) left: round 2 ~753 s, round 3 ~753 s, round 4 ~507 s (")
     shown = confirmation_lines(s, [base, cand, fresh], summarize_confirmations(s, [base, cand, fresh], rows),
                                to_run=f"to run: #0, #1, #4; {said}")
-    assert "CONFIRMATION NOT FINISHED: `autotune confirm` continues it; to run: #0, #1, #4; 9 repeat(s)" in shown[-1]
+    assert "CONFIRMATION NOT FINISHED: `autotune confirm` continues it; to run: #0, #1, #4; 8 repeat(s)" in shown[-1]
     # nothing to go by but the study's median trial: that, as before
     fresh.finished_at = None
     assert round_times([fresh], [], 3, fallback_s=190.0) == [(0, 1, 190.0), (1, 1, 190.0), (2, 1, 190.0)]

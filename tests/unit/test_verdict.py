@@ -69,6 +69,29 @@ def test_gain_inside_the_interval_or_below_the_spread_is_noise():
     assert v.interval is None and not v.beyond_noise
 
 
+def test_a_candidate_ahead_in_every_round_but_not_beyond_noise_is_told_what_would_settle_it():
+    """The H100 decode study's rounds 1 and 3 with round 1 again as a third: every round favours the
+    candidate (x1.161, x1.585, x1.161), the defaults' repeats spread 30 %, so the interval includes 1 and
+    no gain is claimed; `show` says every round leaned one way and that more rounds can settle it."""
+    pairs = [(14847, 17239), (10954, 17358), (14847, 17239)]
+    v = objective_verdict("capacity_tps", "maximize", pairs, [a for a, _ in pairs], [b for _, b in pairs])
+    assert v.interval.includes_one() and not v.beyond_noise and not v.better and v.leaning()
+    assert v.text().endswith("no gain beyond noise (every round above 1: x1.161-x1.585)")
+    # one round the other way: no leaning, no hint
+    w = objective_verdict("capacity_tps", "maximize", [(100, 110), (100, 95), (100, 104)], [100] * 3, [110, 95, 104])
+    assert not w.leaning() and w.text().endswith("no gain beyond noise")
+    # leaning but the interval excludes 1 (held back by the spread rule): more rounds are not the answer
+    x = objective_verdict("capacity_tps", "maximize", [(80, 82.4), (100, 103), (110, 113.3)], [80, 100, 110],
+                          [82.4, 103, 113.3])
+    assert not x.beyond_noise and not x.leaning()
+    s = _study()
+    base, cand = _trial(0, "baseline", tps=16636), _trial(1, tps=17895)
+    rows = _rows(base, [(a, 16.7) for a, _ in pairs]) + _rows(cand, [(b, 18.5) for _, b in pairs])
+    lines = confirmation_lines(s, [base, cand], summarize_confirmations(s, [base, cand], rows))
+    assert ("capacity_tps of #1 leaned the same way in every paired round, yet the interval includes 1: more rounds "
+            "can settle it (`autotune confirm --repeats 5` adds 2); no gain is claimed until then") in lines
+
+
 def _study(quality=()):
     return StudyRecord(id=1, name="s", objectives=OBJ, quality_knobs=list(quality))
 

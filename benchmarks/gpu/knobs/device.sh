@@ -64,6 +64,7 @@ deadline() {   # deadline STUDY TAG: issue 22's "a --timeout after a trial's las
 # call that started them, while later calls only watch (no call's margins cut a trial or a repeat):
 #   bash benchmarks/gpu/knobs/device.sh start DEADLINE long chat   # DEADLINE: epoch seconds; then watch
 #   T0=$(date +%s) bash benchmarks/gpu/knobs/device.sh watch c11        # every next call, within 30 s
+#   ROUNDS_decode=5 bash benchmarks/gpu/knobs/device.sh start ...      # a study's confirmation to 5 rounds
 start() {   # start DEADLINE STUDY...: `chain` in the background, from a copy of the tree in /tmp/asrc
   wait_models
   mkdir -p "$D" /tmp/asrc/benchmarks/gpu/knobs && rm -f "$D/chain.done"
@@ -100,7 +101,7 @@ restore() {   # the DBs of the studies this card has begun, from the repository'
 chain() {   # chain DEADLINE STUDY...|auto: each study in turn (its trials, then its confirmation) until
   # DEADLINE; `auto`: on the H200 the three studies begun there, on another card the decode study first
   # (none of it ran anywhere yet), then chat, then long
-  local deadline=$1 study t c name db; shift
+  local deadline=$1 study t c name db more; shift
   c=$(card)
   if [ "$*" = auto ]; then
     if [ "$c" = h200 ]; then set -- long chat decode; else set -- decode chat long; fi
@@ -114,6 +115,14 @@ chain() {   # chain DEADLINE STUDY...|auto: each study in turn (its trials, then
     python3 -m autotune run --study "studies/h200-knobs-$study.yaml" --study-name "$name" \
         --storage "sqlite:///$db" --timeout "${t}s" --no-progress >> "$D/run-$name.log" 2>&1
     echo "$(date +%T) $name: exit $?"
+    more=ROUNDS_$study; more=${!more:-}   # e.g. ROUNDS_decode=5: more paired rounds than the spec's 3,
+    t=$(( deadline - $(date +%s) ))       # where every round leaned one way and the interval still held 1
+    if [ -n "$more" ] && [ "$t" -ge 200 ]; then
+      echo "$(date +%T) $name: confirm --repeats $more with --timeout ${t}s"
+      python3 -m autotune confirm --storage "sqlite:///$db" --study-name "$name" --repeats "$more" \
+          --timeout "${t}s" >> "$D/run-$name.log" 2>&1
+      echo "$(date +%T) $name: confirm exit $?"
+    fi
   done
   touch "$D/chain.done"
 }

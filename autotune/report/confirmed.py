@@ -101,7 +101,7 @@ def rounds_left_text(times: Sequence[tuple[int, int, float]]) -> str:
         return ""
     return (f"{sum(n for _, n, _ in times)} repeat(s) left: "
             + ", ".join(f"round {r + 1} ~{secs:.0f} s" for r, _, secs in times)
-            + " (each configuration timed by its repeats so far, else its first run; a round runs whole)")
+            + " (each configuration timed by its longest repeat so far, else its first run; a round runs whole)")
 
 
 def confirmation_to_run(study: StudyRecord, trials: Sequence[TrialRecord],

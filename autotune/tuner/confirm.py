@@ -234,14 +234,16 @@ def run_round(spec: StudySpec, store: ResultStore, study: StudyRecord, runner: T
 
 
 def expected_repeat_s(trial: TrialRecord, rows: Sequence[ConfirmationRecord], fallback: float) -> float:
-    """How long one repeat of `trial` should take: the median wall of its repeats stored so far, else its own
-    first run's, else `fallback` (the study's median trial). Per trial because the picked configurations are
-    the study's largest, with more streams and longer capacity searches than its median trial: on the H100
-    decode study a round of four took 956 s where four median trials (190 s) said 759 s, and a round started
-    on such an estimate would be cut and finished on another machine, the thing a whole round avoids."""
+    """How long one repeat of `trial` should take: the longest of its repeats stored so far, else its own
+    first run's wall, else `fallback` (the study's median trial). Per trial because the picked configurations
+    are the study's largest, with more streams and longer capacity searches than its median trial: on the
+    H100 decode study a round of four took 956 s where four median trials (190 s) said 759 s. The longest,
+    not the median, because the two errors cost unlike amounts: a round refused hands its time to the next
+    study of the chain, while a round begun and cut loses every repeat's pairing. That study's next three
+    rounds took 956, 976 and 947 s where the sum of each configuration's median repeat said 901 s."""
     walls = [w for r in rows if r.trial_id == trial.id and r.state != "failed" and (w := wall_s(r))]
     if walls:
-        return statistics.median(walls)
+        return max(walls)
     own = wall_s(trial) if trial.state == "ok" else None
     return own if own else fallback
 

@@ -193,3 +193,24 @@ def test_a_round_is_timed_by_its_own_configurations_not_the_median_trial(tmp_pat
                        budget_s=8 * 3600)
     assert (result.done, result.stopped_by) == (0, "timeout") and runner.ran == []
     assert any("its 2 repeat(s) take ~1500 s and 1400 s are left" in s for s in said), said
+
+
+def test_a_round_is_timed_by_each_configurations_longest_repeat(tmp_path: Path) -> None:
+    """The H100 decode study's repeat walls (s) for #0, #1, #3, #4: its rounds of four took 956, 976 and
+    947 s, where each configuration's median repeat summed to 901 s, so a round begun on that figure with
+    920 s left would have been cut. The longest repeat of each sums above every round that ran."""
+    spec, store, study, trials = _setup(tmp_path, count=2)
+    trials += [store.save_trial(study.id, n, optuna_trial_id=n, role="search", state="ok", params={},
+                                flags=["--max-num-seqs", str(n)], objectives={"capacity_tps": 1900.0},
+                                constraints={}, metrics={}, spec_hash="x") for n in (3, 4)]
+    t0 = dt.datetime(2026, 12, 6, 10, 0, 0)
+    walls = {0: (281, 325, 244), 1: (246, 113, 123, 131), 3: (282, 245, 289, 273), 4: (147, 194, 238, 299)}
+    for t in trials:
+        for r, took in zip((0, 1, 2, 3) if t.number else (0, 2, 3), walls[t.number]):
+            store.save_confirmation(study_id=study.id, trial_id=t.id, round=r, position=0, seed=1, state="ok",
+                                    objectives={"capacity_tps": 1950.0}, constraints={}, started_at=t0,
+                                    finished_at=t0 + dt.timedelta(seconds=took))
+    rows = store.confirmations(study.id)
+    assert [confirm.expected_repeat_s(t, rows, 190.0) for t in trials] == [325.0, 246.0, 289.0, 299.0]
+    (nxt, held, need), *_ = confirm.round_times(trials, rows, 5, 190.0)
+    assert (nxt, held, need) == (4, 4, 1159.0) and need > max(956, 976, 947)

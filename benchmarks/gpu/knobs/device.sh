@@ -100,22 +100,26 @@ restore() {   # the DBs of the studies this card has begun, from the repository'
 
 chain() {   # chain DEADLINE STUDY...|auto: each study in turn (its trials, then its confirmation) until
   # DEADLINE; `auto`: on the H200 the three studies begun there, on another card the decode study first
-  # (none of it ran anywhere yet), then chat, then long
-  local deadline=$1 study t c name db more; shift
+  # (none of it ran anywhere yet), then chat, then decode-si8 (the stream interval alone: which knob
+  # carried the decode study's lead), then long
+  local deadline=$1 study t c name db more need; shift
   c=$(card)
   if [ "$*" = auto ]; then
-    if [ "$c" = h200 ]; then set -- long chat decode; else set -- decode chat long; fi
+    if [ "$c" = h200 ]; then set -- long chat decode; else set -- decode chat decode-si8 long; fi
   fi
   for study in "$@"; do
     name=h200-knobs-$study db=$D/$study.db
     [ "$c" = h200 ] || { name=$c-knobs-$study; db=$D/$c-$study.db; }
-    t=$(( deadline - $(date +%s) ))
-    if [ "$t" -lt 200 ]; then echo "$(date +%T) $name: not started, ${t} s left"; continue; fi
+    t=$(( deadline - $(date +%s) )) need=200
+    # a study not begun has no trial times for the run to judge by, and its first trial, the baseline,
+    # searches from one stream (380 s on the H100 decode study): begun in less, it would be cut
+    [ -f "$db" ] || need=600
+    if [ "$t" -lt "$need" ]; then echo "$(date +%T) $name: not started, ${t} s left"; continue; fi
     echo "$(date +%T) $name with --timeout ${t}s"
     python3 -m autotune run --study "studies/h200-knobs-$study.yaml" --study-name "$name" \
         --storage "sqlite:///$db" --timeout "${t}s" --no-progress >> "$D/run-$name.log" 2>&1
     echo "$(date +%T) $name: exit $?"
-    more=ROUNDS_$study; more=${!more:-}   # e.g. ROUNDS_decode=5: more paired rounds than the spec's 3,
+    more=ROUNDS_${study//-/_}; more=${!more:-}   # e.g. ROUNDS_decode=5: more paired rounds than the spec's 3,
     t=$(( deadline - $(date +%s) ))       # where every round leaned one way and the interval still held 1
     if [ -n "$more" ] && [ "$t" -ge 200 ]; then
       echo "$(date +%T) $name: confirm --repeats $more with --timeout ${t}s"

@@ -113,6 +113,7 @@ class ConfirmSpec(_Strict):
     top_k: int = Field(2, ge=1, le=8)
     repeats: int = Field(3, ge=3, le=20)
     max_extra: int = Field(2, ge=0, le=8)
+    every: bool = False    # every measured trial, not the top ones: an ablation's losing variant is an answer too
 
 
 class TelemetrySpec(_Strict):
@@ -437,8 +438,9 @@ load: {mode: capacity, search: concurrency, max_steps: 6, requests_per_step: 200
 telemetry: {source: auto, hz: 10, headroom_margin: 0.05, require_headroom: false}
 budget: {n_trials: 30, timeout: 8h}
 # the top candidates and the baseline measured again on fresh servers before the study ends (--no-confirm skips);
-# max_extra: more trials whose first run is within the noise (>= 5 %) of the best, or flagged, join while it allows
-confirm: {enabled: true, top_k: 2, repeats: 3, max_extra: 2}
+# max_extra: more trials whose first run is within the noise (>= 5 %) of the best, or flagged, join while it allows;
+# every: true repeats every measured trial instead (what `autotune ablate` sets)
+confirm: {enabled: true, top_k: 2, repeats: 3, max_extra: 2, every: false}
 warm_start: {from: twin, k: 3}  # the simulator ranks candidates beside the baseline's start (catalog GPU, known model)
 speculative: {enabled: false}   # true: speculative decoding (n-gram; draft_model: PATH adds draft models) is searched
 early_stop: true              # end a trial's capacity search once the Pareto front dominates its bound

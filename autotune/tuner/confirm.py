@@ -110,9 +110,10 @@ class ConfirmResult:
 def configs_to_confirm(study: StudyRecord, trials: Sequence[TrialRecord], rows: Sequence[ConfirmationRecord], *,
                        top_k: int, max_extra: int) -> tuple[TrialRecord | None, Picks]:
     """The feasible baseline and the picked candidates: what a confirmation repeats, and what `show` times
-    before it runs."""
+    before it runs. Read from the study's stored spec, `confirm.every` (an ablation's) picks them all."""
     baseline = next((t for t in trials if t.role == "baseline" and is_feasible(t)), None)
-    return baseline, pick_candidates(study, trials, top_k, max_extra, rows)
+    every = bool(((study.spec or {}).get("confirm") or {}).get("every", False))
+    return baseline, pick_candidates(study, trials, top_k, max_extra, rows, every=every)
 
 
 def round_times(configs: Sequence[TrialRecord], rows: Sequence[ConfirmationRecord], repeats: int,

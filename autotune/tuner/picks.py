@@ -96,10 +96,16 @@ def _unsettled(study: StudyRecord, pool: Sequence[TrialRecord], noise: float) ->
 
 
 def pick_candidates(study: StudyRecord, trials: Sequence[TrialRecord], k: int, max_extra: int = 0,
-                    rows: Sequence[ConfirmationRecord] = ()) -> Picks:
-    """The non-baseline trials to repeat (see the module's docstring)."""
+                    rows: Sequence[ConfirmationRecord] = (), every: bool = False) -> Picks:
+    """The non-baseline trials to repeat (see the module's docstring); with `every`, all of them, best
+    first: an ablation (tuner/ablation.py) asks what each of its variants does, and a dominated one answers
+    that its knob alone does not carry the gain."""
     baseline = next((t for t in trials if t.role == "baseline"), None)
     pool = _pool(trials)
+    if every:
+        name, direction = study.objectives[0]
+        return Picks(sorted(pool, key=lambda t: -t.objectives[name] if direction == "maximize"
+                            else t.objectives[name]), [], [])
     out: list[TrialRecord] = []
 
     def add(t: TrialRecord | None) -> None:

@@ -65,6 +65,19 @@ def _build_parser() -> OneLineParser:
                                         "is left is not started (the next call runs it)")
     run.add_argument("--report", metavar="FILE", help="write the study's HTML report here at the end")
 
+    abl = sub.add_parser("ablate", help="which knobs of a trial carry its gain: the defaults plus each knob "
+                                        "alone, measured in paired rounds beside the whole trial")
+    abl.add_argument("--study", required=True, help="the study's spec YAML (the ablation keeps its engine, "
+                                                    "workload, SLO and storage)")
+    abl.add_argument("--storage", help="override the spec's storage")
+    abl.add_argument("--study-name", help="the study's name in the storage, if `run` was given one")
+    abl.add_argument("--trial", type=int, help="the trial to take apart (default: the one `export` writes)")
+    abl.add_argument("--knobs", help="only these of its knobs, e.g. stream_interval,block_size")
+    abl.add_argument("--repeats", type=int, help="paired rounds, at least 3 (default: the spec's confirm.repeats)")
+    abl.add_argument("--timeout", help="wall-clock limit for this invocation, e.g. 90m (the same command resumes)")
+    abl.add_argument("--dry-run", action="store_true", help="print the configurations and stop")
+    abl.add_argument("--no-progress", action="store_true", help="plain log lines instead of the live display")
+
     show = sub.add_parser("show", help="trials, causes, metrics and the Pareto front of a study")
     show.add_argument("--storage", required=True)
     show.add_argument("--study-name")
@@ -156,6 +169,9 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "confirm":
         from autotune.tuner.confirm_command import confirm_command
         return confirm_command(args)
+    if args.command == "ablate":
+        from autotune.tuner.ablation import ablate_command
+        return ablate_command(args)
     if args.command == "show":
         from autotune.report.show import show_command
         return show_command(args)

@@ -249,10 +249,6 @@ def host_pool(spec: StudySpec, parallel: int) -> GpuPool:
 
 
 def run_command(args: argparse.Namespace) -> int:
-    from autotune.node.scheduler import Scheduler
-    from autotune.tuner.after_budget import register as register_after_budget
-    from autotune.tuner.driver import StudyDriver
-
     started = time.monotonic()
     parallel = getattr(args, "parallel", 1) or 1
     if parallel < 1:
@@ -260,9 +256,20 @@ def run_command(args: argparse.Namespace) -> int:
     report = getattr(args, "report", None)
     if report and not Path(report).resolve().parent.is_dir():
         raise UserError(f"--report {report}: folder {Path(report).parent} does not exist")
-    parts = prepare(args)
+    return run_prepared(prepare(args), no_progress=args.no_progress, started=started, parallel=parallel,
+                        report=report)
+
+
+def run_prepared(parts: dict[str, Any], *, no_progress: bool, started: float, parallel: int = 1,
+                 report: str | None = None) -> int:
+    """The study `prepare_spec` checked, run (or resumed) to its end: `run`, and `ablate` for the study
+    it derives."""
+    from autotune.node.scheduler import Scheduler
+    from autotune.tuner.after_budget import register as register_after_budget
+    from autotune.tuner.driver import StudyDriver
+
     spec: StudySpec = parts["spec"]
-    driver = StudyDriver(**parts, live=False if args.no_progress else None, started=started)
+    driver = StudyDriver(**parts, live=False if no_progress else None, started=started)
     register_after_budget(driver)   # the confirmation (when enabled): a job of the scheduler
     scheduler = Scheduler(host_pool(spec, parallel), parallel=parallel)
     scheduler.add(driver)

@@ -42,7 +42,8 @@ class Ablation:
 
     name: str
     trial: int                                   # the original study's trial number
-    knobs: dict[str, tuple[Any, Any]]            # knob -> (the baseline's value, the trial's)
+    knobs: dict[str, tuple[Any, Any]]            # knob -> (the baseline's value, the trial's): those taken apart
+    whole: dict[str, tuple[Any, Any]]            # the same for every knob where the trial differs
     variants: list[tuple[str, dict[str, Any]]]   # (label, enqueued params), one per knob
     raw: dict[str, Any]
 
@@ -50,7 +51,8 @@ class Ablation:
         lines = [f"ablation {self.name}: the baseline, trial {self.trial} again, and {len(self.variants)} "
                  f"variant(s), each measured once and then in {self.raw['confirm']['repeats']} paired rounds "
                  f"on fresh servers; storage {mask_url(self.raw['storage'])}"]
-        lines += [f"  {k}: {b!r} (baseline) -> {v!r} (trial {self.trial})" for k, (b, v) in self.knobs.items()]
+        lines += [f"  {k}: {b!r} (baseline) -> {v!r} (trial {self.trial})" + ("" if k in self.knobs else
+                  ", not taken apart (--knobs)") for k, (b, v) in self.whole.items()]
         lines += [f"  variant: the baseline plus {label}" for label, _ in self.variants]
         return lines
 
@@ -121,14 +123,15 @@ def build_ablation(raw: dict[str, Any], space: SearchSpace, study: str, storage:
         raise UserError(f"trial {trial.number} is the baseline: there is nothing to take apart")
     if trial.state != "ok":
         raise UserError(f"trial {trial.number} was not measured ({trial.state}): there is nothing to take apart")
-    knobs = differing(space, baseline, trial)
+    every = differing(space, baseline, trial)
+    knobs = every
     if only:
-        missing = [k for k in only if k not in knobs]
+        missing = [k for k in only if k not in every]
         if missing:
             raise UserError(f"--knobs: trial {trial.number} does not differ from the baseline in {missing[0]} "
-                            f"(it does in: {', '.join(knobs) or 'nothing'})")
-        knobs = {k: knobs[k] for k in only}
-    whole = {k: v for k, (_, v) in differing(space, baseline, trial).items()}
+                            f"(it does in: {', '.join(every) or 'nothing'})")
+        knobs = {k: every[k] for k in only}
+    whole = {k: v for k, (_, v) in every.items()}
     start = {k: baseline.params[k] for k in (raw.get("baseline") or {}) if k in baseline.params}
     variants = [_variant(space, baseline, trial, k, start) for k in knobs]
     variants = [(label, p) for label, p in variants if p != whole]    # the trial itself is measured anyway
@@ -155,7 +158,7 @@ def build_ablation(raw: dict[str, Any], space: SearchSpace, study: str, storage:
     out.update(enqueue=enqueue, budget={"n_trials": len(enqueue) + 1}, warm_start=False, early_stop=False,
                confirm={"enabled": True, "top_k": len(enqueue), "repeats": rounds, "max_extra": 0, "every": True})
     build_spec(out, name)      # a bad --repeats or a spec the original's schema no longer takes: one line here
-    return Ablation(name, trial.number, knobs, variants, out)
+    return Ablation(name, trial.number, knobs, every, variants, out)
 
 
 def ablate_command(args: argparse.Namespace) -> int:

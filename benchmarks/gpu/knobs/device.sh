@@ -100,14 +100,14 @@ restore() {   # the DBs of the studies this card has begun, from the repository'
 
 chain() {   # chain DEADLINE STUDY...|auto: each study in turn (its trials, then its confirmation) until
   # DEADLINE; `auto`: on the H200 the three studies begun there, on another card the decode study first
-  # (none of it ran anywhere yet), then chat, then decode-si8 (the stream interval alone: which knob
-  # carried the decode study's lead), then long
+  # (none of it ran anywhere yet), then chat, then decode-ablate (`ablate_decode`), then long
   local deadline=$1 study t c name db more need; shift
   c=$(card)
   if [ "$*" = auto ]; then
-    if [ "$c" = h200 ]; then set -- long chat decode; else set -- decode chat decode-si8 long; fi
+    if [ "$c" = h200 ]; then set -- long chat decode; else set -- decode chat decode-ablate long; fi
   fi
   for study in "$@"; do
+    if [ "$study" = decode-ablate ]; then ablate_decode "$deadline" "$c"; continue; fi
     name=h200-knobs-$study db=$D/$study.db
     [ "$c" = h200 ] || { name=$c-knobs-$study; db=$D/$c-$study.db; }
     t=$(( deadline - $(date +%s) )) need=200
@@ -129,6 +129,23 @@ chain() {   # chain DEADLINE STUDY...|auto: each study in turn (its trials, then
     fi
   done
   touch "$D/chain.done"
+}
+
+ablate_decode() {   # ablate_decode DEADLINE CARD: `autotune ablate` of the decode study's #1 (the spec's first
+  # enqueued candidate: stream interval 8, capture size 1024), its stream interval alone beside #1 whole and
+  # the defaults, in paired rounds: which knob carried #1's lead (RESULTS.md, session 31). Its DB is
+  # STUDYNAME-ablate-1.db beside the decode study's.
+  local deadline=$1 c=$2 name=$2-knobs-decode src=$D/$2-decode.db t need=200
+  [ "$c" = h200 ] && src=$D/decode.db
+  if [ ! -f "$src" ]; then echo "$(date +%T) $name-ablate-1: no decode study on this card"; return; fi
+  [ -f "$D/$name-ablate-1.db" ] || need=600     # not begun: see `chain`
+  t=$(( deadline - $(date +%s) ))
+  if [ "$t" -lt "$need" ]; then echo "$(date +%T) $name-ablate-1: not started, ${t} s left"; return; fi
+  echo "$(date +%T) $name-ablate-1 with --timeout ${t}s"
+  python3 -m autotune ablate --study studies/h200-knobs-decode.yaml --study-name "$name" \
+      --storage "sqlite:///$src" --trial 1 --knobs stream_interval --timeout "${t}s" --no-progress \
+      >> "$D/run-$name-ablate-1.log" 2>&1
+  echo "$(date +%T) $name-ablate-1: exit $?"
 }
 
 watch() {   # watch TAG: until the chain is done or this call is nearly out of time, then into $OUT a

@@ -51,10 +51,18 @@ class Ablation:
         lines = [f"ablation {self.name}: the baseline, trial {self.trial} again, and {len(self.variants)} "
                  f"variant(s), each measured once and then in {self.raw['confirm']['repeats']} paired rounds "
                  f"on fresh servers; storage {mask_url(self.raw['storage'])}"]
-        lines += [f"  {k}: {b!r} (baseline) -> {v!r} (trial {self.trial})" + ("" if k in self.knobs else
+        lines += [f"  {k}: {shown(b)} (baseline) -> {shown(v)} (trial {self.trial})" + ("" if k in self.knobs else
                   ", not taken apart (--knobs)") for k, (b, v) in self.whole.items()]
         lines += [f"  variant: the baseline plus {label}" for label, _ in self.variants]
         return lines
+
+
+def shown(value: Any) -> str:
+    """A knob's value as the plan and the labels say it: None (the engine's own default) as `default`, a
+    float as its shortest form (a step grid's 0.15000000000000002 as 0.15)."""
+    if value is None:
+        return "default"
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def _value(space: SearchSpace, baseline: TrialRecord, name: str) -> Any:
@@ -109,8 +117,8 @@ def _variant(space: SearchSpace, baseline: TrialRecord, trial: TrialRecord, knob
     for parent, allowed in space.params[knob].when.items():
         if _value(space, baseline, parent) not in allowed and parent in trial.params:
             params[parent] = trial.params[parent]
-    label = f"{knob}={trial.params[knob]!r}"
-    extra = [f"{k}={v!r}" for k, v in params.items() if k != knob and k not in start]
+    label = f"{knob}={shown(trial.params[knob])}"
+    extra = [f"{k}={shown(v)}" for k, v in params.items() if k != knob and k not in start]
     return (label + (f" (with {', '.join(extra)}, which it needs)" if extra else ""), params)
 
 
@@ -137,7 +145,7 @@ def build_ablation(raw: dict[str, Any], space: SearchSpace, study: str, storage:
     variants = [(label, p) for label, p in variants if p != whole]    # the trial itself is measured anyway
     if not variants:
         raise UserError(f"trial {trial.number} differs from the baseline only in "
-                        f"{', '.join(f'{k}={v!r}' for k, v in whole.items()) or 'nothing'}: its own "
+                        f"{', '.join(f'{k}={shown(v)}' for k, v in whole.items()) or 'nothing'}: its own "
                         f"confirmation is that knob's test (`autotune confirm`)")
     if len(variants) > MAX_VARIANTS:
         raise UserError(f"trial {trial.number} differs from the baseline in {len(variants)} knobs; take at most "

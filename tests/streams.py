@@ -40,7 +40,7 @@ HEAVY = {"integration/test_after_budget_sim.py": 310, "integration/test_schedule
          "integration/test_study_loop_sim.py": 180, "integration/test_report_sim.py": 170,
          "integration/test_daemon_sim.py": 150, "integration/test_confirm_sim.py": 115,
          "integration/test_fault_matrix.py": 100, "integration/test_worker_faults_sim.py": 75,
-         "integration/test_plateau_confirm.py": 65}
+         "integration/test_plateau_confirm.py": 65, "integration/test_ablate_sim.py": 60}
 # Tests whose figures come from a mock server in the client's own event loop, asserted precisely unless
 # the client flags itself starved (docs/TESTING.md): a loop a few ms late without the flag moved one past
 # its bound with three jobs on two cores. They run last, as two "quiet" jobs with nothing else beside

@@ -203,6 +203,11 @@ def ablate_command(args: argparse.Namespace) -> int:
     space = SearchSpace.load(spec.search_space, base_dir)
     only = [k.strip() for k in args.knobs.split(",") if k.strip()] if args.knobs else None
     ablation = build_ablation(raw, space, name, spec.storage_url, baseline, trial, only, args.repeats)
+    if storage_exists(ablation.raw["storage"]):
+        earlier = ResultStore(ablation.raw["storage"], create=False)
+        derived = earlier.study(ablation.name)
+        if derived is not None:
+            make_room(ablation, earlier.trials(derived.id))
     for line in ablation.plan_lines():
         print(line)
     if args.dry_run:
@@ -214,6 +219,15 @@ def ablate_command(args: argparse.Namespace) -> int:
     for line in summary_lines(ResultStore(ablation.raw["storage"], create=False), ablation):
         print(line)
     return code
+
+
+def make_room(ablation: Ablation, trials: Sequence[TrialRecord]) -> None:
+    """A later call on the same trial with other `--knobs` resumes the same study: its budget counts the
+    configurations earlier calls measured, so that this call's new variants still run (at `len(enqueue) +
+    1` the study would hold enough trials already, and they would wait for ever)."""
+    wanted = ablation.raw["enqueue"]
+    others = [t for t in trials if t.role != "baseline" and t.state == "ok" and t.params not in wanted]
+    ablation.raw["budget"]["n_trials"] = len(wanted) + 1 + len(others)
 
 
 def summary_lines(store: ResultStore, ablation: Ablation) -> list[str]:

@@ -163,3 +163,26 @@ def test_an_ablation_confirms_every_variant_even_a_dominated_one(tmp_path: Path)
         assert base is not None and base.number == 0
         # #1 dominates #2 and #3; only `every` keeps them, best first
         assert [t.number for t in picks.candidates] == ([1, 3, 2] if every else [1]), every
+
+
+def test_a_later_call_with_other_knobs_makes_room_for_its_variants(tmp_path: Path) -> None:
+    """The same trial's ablation is one study: a second call naming another knob must not find the
+    budget spent by the first call's variants (it would say "not run yet" for ever)."""
+    from autotune.tuner.ablation import make_room
+
+    trial_params = {**BASE, "max_num_seqs": 64, "stream_interval": 8}
+    url, store, study = _store(tmp_path, [("baseline", BASE), ("search", trial_params)])
+    space = SearchSpace.from_mapping(SPACE, "t")
+    base, trial = store.trials(study.id)
+    first = build_ablation(_raw(url), space, "dec", url, base, trial, only=["max_num_seqs"])
+    assert first.raw["budget"] == {"n_trials": 3}
+    # the first call measured the baseline, the whole trial and max_num_seqs alone in the derived study
+    (tmp_path / "d").mkdir()
+    _, derived_store, derived = _store(tmp_path / "d", [("baseline", BASE)]
+                                       + [("enqueued", p) for p in first.raw["enqueue"]])
+    second = build_ablation(_raw(url), space, "dec", url, base, trial, only=["stream_interval"])
+    make_room(second, derived_store.trials(derived.id))
+    # the whole trial is shared; max_num_seqs alone is the earlier call's: one more place for stream_interval
+    assert second.raw["budget"] == {"n_trials": 4}
+    make_room(first, derived_store.trials(derived.id))
+    assert first.raw["budget"] == {"n_trials": 3}       # the same call again: nothing more

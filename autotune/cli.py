@@ -141,13 +141,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     try:
         if args_list and args_list[0] in _DELEGATED:
-            return int(_load(_DELEGATED[args_list[0]])(args_list[1:]) or 0)
-        args = _build_parser().parse_args(args_list)
-        return int(_dispatch(args) or 0)
+            code = int(_load(_DELEGATED[args_list[0]])(args_list[1:]) or 0)
+        else:
+            code = int(_dispatch(_build_parser().parse_args(args_list)) or 0)
+        sys.stdout.flush()     # a closed pipe fails here, inside the try, not at the interpreter's exit
+        return code
     except UserError as e:
         from autotune.store.urls import mask_url
         sys.stderr.write(f"autotune: error: {mask_url(str(e))}\n")
         return 2
+    except BrokenPipeError:
+        # the reader went away (`autotune show ... | head`): no traceback, and none either when the
+        # interpreter flushes stdout on its way out; 141 is what a shell reports for SIGPIPE
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except KeyboardInterrupt:
         sys.stderr.write("autotune: interrupted\n")
         return 130

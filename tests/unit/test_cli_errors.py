@@ -127,3 +127,19 @@ def test_init_writes_a_spec_that_validates(tmp_path, capsys, monkeypatch):
     assert spec.objectives == ["capacity_tps", "p50_tpot_ms"] and spec.budget.n_trials == 30
     code, err = _run(capsys, ["init"])
     assert code == 2 and "exists" in err
+
+
+def test_a_reader_that_goes_away_gets_no_traceback(tmp_path):
+    """`autotune show ... | head`: the pipe's reader is gone before the output is written (its end is
+    closed before the command starts, so the first write fails every time): exit 141, nothing on stderr."""
+    import os
+
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        p = subprocess.run([sys.executable, "-m", "autotune", "init", "a.yaml"], stdout=write,
+                           stderr=subprocess.PIPE, text=True, timeout=60, cwd=tmp_path,
+                           env={**os.environ, "PYTHONPATH": str(REPO)})
+    finally:
+        os.close(write)
+    assert (p.returncode, p.stderr) == (141, "") and (tmp_path / "a.yaml").is_file()

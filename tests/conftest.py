@@ -206,6 +206,23 @@ def _servers_in(cwd: Path, marker: str) -> list:
 
 
 @pytest.fixture()
+def autotune_cli() -> Any:
+    """`autotune_cli(*args, cwd=PATH)` runs one `autotune` command to its end in a process of its own, with
+    this checkout's autotune first on the path (whatever the venv has installed)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+
+    def run(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "autotune", *args], capture_output=True, text=True,
+                              timeout=600, cwd=cwd, env=env)
+
+    return run
+
+
+@pytest.fixture()
 def autotune_run() -> Iterator[Any]:
     """`autotune_run(args, cwd)` starts one run. A run the test left running (it failed before stopping
     it) is killed with its process group at teardown: a failed test leaves no daemon behind."""

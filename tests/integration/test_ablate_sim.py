@@ -6,15 +6,8 @@ nothing. Which configuration wins is not asserted: that is the simulator's, and 
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
-import subprocess
-import sys
 from pathlib import Path
-
-AUTOTUNE = [sys.executable, "-m", "autotune"]
-REPO = Path(__file__).resolve().parents[2]
-ENV = {**os.environ, "PYTHONPATH": str(REPO)}   # this checkout's autotune, whatever the venv has installed
 
 
 def _q(db: Path, sql: str) -> list[tuple]:
@@ -22,21 +15,17 @@ def _q(db: Path, sql: str) -> list[tuple]:
         return conn.execute(sql).fetchall()
 
 
-def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([*AUTOTUNE, *args], capture_output=True, text=True, timeout=600, cwd=cwd, env=ENV)
-
-
-def test_ablate_on_the_simulator(tmp_path: Path, servers_in, sim_spec) -> None:
+def test_ablate_on_the_simulator(tmp_path: Path, servers_in, sim_spec, autotune_cli) -> None:
     spec = sim_spec(
         "abl", engine={"time_scale": 50}, workload={"kind": "random", "input_len": 256, "output_len": 32},
         load={"max_steps": 2, "requests_per_step": 16, "warmup": 1, "min_waves": 1, "refine_steps": 0},
         confirm={"enabled": False}, warm_start=False,
         # trial 1 is fixed, with two knobs (a sampled one might break a known constraint)
         enqueue=[{"max_num_seqs": 16, "gpu_memory_utilization": 0.85}])
-    p = _cli("run", "--study", str(spec), "--n-trials", "2", "--no-progress", cwd=tmp_path)
+    p = autotune_cli("run", "--study", str(spec), "--n-trials", "2", "--no-progress", cwd=tmp_path)
     assert p.returncode == 0, p.stderr
     args = ["ablate", "--study", str(spec), "--trial", "1", "--knobs", "max_num_seqs", "--no-progress"]
-    p = _cli(*args, cwd=tmp_path)
+    p = autotune_cli(*args, cwd=tmp_path)
     assert p.returncode == 0, p.stdout + p.stderr
     db = tmp_path / "abl-ablate-1.db"
     assert _q(db, "select name from autotune_studies") == [("abl-ablate-1",)]
@@ -53,9 +42,9 @@ def test_ablate_on_the_simulator(tmp_path: Path, servers_in, sim_spec) -> None:
     assert any(line.startswith("  trial 1 whole: #1: capacity_tps x") for line in said), p.stdout
     assert any(line.startswith("  max_num_seqs=16: #2: capacity_tps x") for line in said), p.stdout
     # the study's own file still holds one study: show needs no --study-name
-    assert _cli("show", "--storage", f"sqlite:///{tmp_path}/abl.db", cwd=tmp_path).returncode == 0
+    assert autotune_cli("show", "--storage", f"sqlite:///{tmp_path}/abl.db", cwd=tmp_path).returncode == 0
     # the same command again resumes a finished ablation: its summary, no server started
-    again = _cli(*args, cwd=tmp_path)
+    again = autotune_cli(*args, cwd=tmp_path)
     assert again.returncode == 0 and "starting sim" not in again.stdout, again.stdout + again.stderr
     assert _q(db, "select count(*) from autotune_confirmations") == [(9,)]
     assert not servers_in(tmp_path, "sim-serve")

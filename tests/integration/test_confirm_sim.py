@@ -6,16 +6,10 @@ Optuna's values stay the first runs'; `show` and `export` speak of the confirmed
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
-import subprocess
-import sys
 from pathlib import Path
 
 
-AUTOTUNE = [sys.executable, "-m", "autotune"]
-REPO = Path(__file__).resolve().parents[2]
-ENV = {**os.environ, "PYTHONPATH": str(REPO)}   # this checkout's autotune, whatever the venv has installed
 
 
 def _spec(sim_spec) -> Path:
@@ -36,33 +30,29 @@ def _q(db: Path, sql: str) -> list[tuple]:
         return conn.execute(sql).fetchall()
 
 
-def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([*AUTOTUNE, *args], capture_output=True, text=True, timeout=300, cwd=cwd, env=ENV)
-
-
-def test_confirm_on_the_simulator(tmp_path: Path, servers_in, sim_spec) -> None:
+def test_confirm_on_the_simulator(tmp_path: Path, servers_in, sim_spec, autotune_cli) -> None:
     spec, db = _spec(sim_spec), tmp_path / "conf.db"
     url = f"sqlite:///{db}"
-    p = _cli("run", "--study", str(spec), "--n-trials", "2", "--no-progress", "--no-confirm", cwd=tmp_path)
+    p = autotune_cli("run", "--study", str(spec), "--n-trials", "2", "--no-progress", "--no-confirm", cwd=tmp_path)
     assert p.returncode == 0, p.stderr
     flags = [json.loads(f) for (f,) in _q(db, "select measurement_flags from autotune_trials where state = 'ok'")]
     assert flags and all("wide_bracket" in f for f in flags)
     assert _q(db, "select count(*) from autotune_confirmations") == [(0,)]
 
     # every feasible trial is flagged and nothing is confirmed: no export, one line, exit 1
-    p = _cli("export", "--storage", url, "--format", "vllm-yaml", "-o", str(tmp_path / "x.yaml"), cwd=tmp_path)
+    p = autotune_cli("export", "--storage", url, "--format", "vllm-yaml", "-o", str(tmp_path / "x.yaml"), cwd=tmp_path)
     assert p.returncode == 1 and "autotune confirm" in p.stderr and len(p.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "x.yaml").exists()
-    p = _cli("export", "--storage", url, "--format", "json", "--trial", "1", "-o", "-", cwd=tmp_path)
+    p = autotune_cli("export", "--storage", url, "--format", "json", "--trial", "1", "-o", "-", cwd=tmp_path)
     assert p.returncode == 1 and "is not confirmed" in p.stderr
     values_before = _q(db, "select trial_id, objective, value from trial_values order by 1, 2")
     # before it runs, `show` says what the confirmation will repeat and each round's time by the first runs
-    to_run = json.loads(_cli("show", "--storage", url, "--json", cwd=tmp_path).stdout)["confirmation_to_run"]
+    to_run = json.loads(autotune_cli("show", "--storage", url, "--json", cwd=tmp_path).stdout)["confirmation_to_run"]
     assert to_run.startswith("to run: #0, #1; 6 repeat(s) left: round 1 ~"), to_run
     assert "round 3 ~" in to_run and "a round runs whole" in to_run
 
     # the same run command on a finished study: no new trial, the confirmation runs (the study loop's hook)
-    p = _cli("run", "--study", str(spec), "--n-trials", "2", "--no-progress", cwd=tmp_path)
+    p = autotune_cli("run", "--study", str(spec), "--n-trials", "2", "--no-progress", cwd=tmp_path)
     assert p.returncode == 0, p.stderr
     assert "confirmation: #0, #1 x 3 rounds" in p.stderr
     rows = _q(db, "select c.round, c.position, c.seed, t.number, c.state from autotune_confirmations c "
@@ -79,27 +69,27 @@ def test_confirm_on_the_simulator(tmp_path: Path, servers_in, sim_spec) -> None:
     assert _q(db, "select trial_id, objective, value from trial_values order by 1, 2") == values_before
 
     # autotune confirm adds a round; the rows already there are kept
-    p = _cli("confirm", "--storage", url, "--repeats", "4", cwd=tmp_path)
+    p = autotune_cli("confirm", "--storage", url, "--repeats", "4", cwd=tmp_path)
     assert p.returncode == 0, p.stderr
     assert "(2 repeat(s) to run)" in p.stderr
     assert _q(db, "select round, count(*) from autotune_confirmations group by round") == [(0, 2), (1, 2), (2, 2), (3, 2)]
-    p = _cli("confirm", "--storage", url, "--repeats", "2", cwd=tmp_path)
+    p = autotune_cli("confirm", "--storage", url, "--repeats", "2", cwd=tmp_path)
     assert p.returncode == 2 and "at least 3" in p.stderr
     # a repeat that cannot finish before --timeout is not started; the next call runs it
-    p = _cli("confirm", "--storage", url, "--repeats", "5", "--timeout", "1s", cwd=tmp_path)
+    p = autotune_cli("confirm", "--storage", url, "--repeats", "5", "--timeout", "1s", cwd=tmp_path)
     assert p.returncode == 0 and "stopped by the timeout: 2 repeat(s) left" in p.stderr, p.stderr
     assert "stopped by timeout (run again to continue)" in p.stdout
     assert _q(db, "select count(*) from autotune_confirmations") == [(8,)]
-    p = _cli("confirm", "--storage", url, "--timeout", "soon", cwd=tmp_path)
+    p = autotune_cli("confirm", "--storage", url, "--timeout", "soon", cwd=tmp_path)
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and "timeout 'soon'" in p.stderr
 
-    show = json.loads(_cli("show", "--storage", url, "--json", cwd=tmp_path).stdout)
+    show = json.loads(autotune_cli("show", "--storage", url, "--json", cwd=tmp_path).stdout)
     assert set(show["confirmations"]) == {"0", "1"} and show["pareto_front_confirmed"] is True
     assert show["confirmation_to_run"] is None                 # done: nothing left to run
-    text = _cli("show", "--storage", url, cwd=tmp_path).stdout
+    text = autotune_cli("show", "--storage", url, cwd=tmp_path).stdout
     assert "4 repeat(s)" in text and "first run" in text
     out = tmp_path / "best.yaml"
-    p = _cli("export", "--storage", url, "--format", "vllm-yaml", "-o", str(out), cwd=tmp_path)
+    p = autotune_cli("export", "--storage", url, "--format", "vllm-yaml", "-o", str(out), cwd=tmp_path)
     # the simulator's repeats neither crash nor break the SLO at one stream: both stay, and the export is
     # the best confirmed median whose verdict is not "worse" (the baseline when none beats it)
     assert p.returncode == 0, p.stderr

@@ -170,18 +170,25 @@ def confirmation_lines(study: StudyRecord, trials: Sequence[TrialRecord], confir
         # its repeats that ran still measured the defaults in the candidates' own rounds
         lines.append(f"the baseline #{base.trial.number} left the front ({base.why_not}); its repeats that ran "
                      "are still the paired reference of the verdict")
-    leaning = []
+    leaning, held = [], []
     for n, c in sorted(confirmed.items()):
         if c is not base and c.verdicts:
             lines.append(f"#{n} against the baseline #{base.trial.number}: " + "; ".join(v.text() for v in c.verdicts)
                          + pairs_apart(c, base))
-            if c.verdicts[0].leaning():
-                leaning.append((n, c.verdicts[0]))
+            if c.verdicts[0].more_rounds_can_settle():
+                leaning.append((n, c))
+            elif c.verdicts[0].held_by_spread():
+                held.append(n)
     if leaning:
-        rounds = max(v.interval.rounds for _, v in leaning)
-        lines.append(f"{leaning[0][1].objective} of {', '.join(f'#{n}' for n, _ in leaning)} leaned the same way "
-                     f"in every paired round, yet the interval includes 1: more rounds can settle it "
-                     f"(`autotune confirm --repeats {rounds + 2}` adds 2); no gain is claimed until then")
+        # --repeats counts rounds run, paired or not (a round cut before the baseline ran has none)
+        ran = 1 + max(r.round for c in [base] + [c for _, c in leaning] for r in c.rows)
+        lines.append(f"{leaning[0][1].verdicts[0].objective} of {', '.join(f'#{n}' for n, _ in leaning)} leaned the "
+                     f"same way in every paired round, yet the interval includes 1: more rounds can settle it "
+                     f"(`autotune confirm --repeats {ran + 2}` adds 2); no gain is claimed until then")
+    if held:
+        lines.append(f"{study.objectives[0][0]} of {', '.join(f'#{n}' for n in held)} leaned one way, but the "
+                     "difference is below the spread of one configuration's repeats: more rounds do not settle that "
+                     "(max - min over repeats never narrows); no gain is claimed")
     lines.append("interval: 95 % Student t over the paired rounds' log ratios (candidate / baseline of the same "
                  "round); no gain beyond noise when it includes 1 or the gain is below one config's spread")
     return lines

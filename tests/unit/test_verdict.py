@@ -92,6 +92,44 @@ def test_a_candidate_ahead_in_every_round_but_not_beyond_noise_is_told_what_woul
             "can settle it (`autotune confirm --repeats 5` adds 2); no gain is claimed until then") in lines
 
 
+def test_a_gain_held_back_by_the_spread_is_told_apart_from_a_short_interval():
+    """The H100 decode study's four paired rounds (session 32): #1's interval clears 1 by a hair, but the
+    defaults' repeats spread 27.8 % (one at 10,954 tok/s) and the gain is 26.9 %, so no gain is claimed;
+    `show` says why and that more rounds do not settle it, instead of promising that they can."""
+    base = [14847.15, 10954.44, 14884.70, 15084.74]
+    cand = [17239.46, 17357.58, 17284.39, 18301.57]
+    v = objective_verdict("capacity_tps", "maximize", list(zip(base, cand)), base, cand + [17568.06])
+    assert (round(v.interval.ratio, 3), round(v.interval.low, 3), round(v.interval.high, 3)) == (1.269, 1.000, 1.610)
+    assert not v.interval.includes_one() and v.spread == pytest.approx(0.2779, abs=1e-4)
+    assert not v.beyond_noise and v.held_by_spread() and not v.leaning() and not v.more_rounds_can_settle()
+    assert v.text().endswith("no gain beyond noise (the interval clears 1, but the difference 26.9% is below the "
+                             "spread 27.8% of one configuration's repeats)")
+    # every round above 1, the interval includes 1 and the difference is below the spread: both are said
+    w = objective_verdict("capacity_tps", "maximize", [(100, 104), (70, 100), (100, 101)], [100, 70, 100], [104, 100, 101])
+    assert w.leaning() and w.held_by_spread() and not w.more_rounds_can_settle()
+    assert "(every round above 1: x1.010-x1.429; the difference" in w.text()
+    s = _study()
+    bt, ct = _trial(0, "baseline", tps=16636), _trial(1, tps=17895)
+    rows = _rows(bt, [(a, 16.7) for a in base]) + _rows(ct, [(b, 18.5) for b in cand])
+    lines = confirmation_lines(s, [bt, ct], summarize_confirmations(s, [bt, ct], rows))
+    assert ("capacity_tps of #1 leaned one way, but the difference is below the spread of one configuration's "
+            "repeats: more rounds do not settle that (max - min over repeats never narrows); no gain is claimed") in lines
+    assert not any("can settle it" in line for line in lines)
+
+
+def test_the_more_rounds_hint_counts_the_rounds_run_not_only_the_paired_ones():
+    """`confirm --repeats N` counts every round run; a round cut before the baseline ran (the H100 decode
+    study's second) has no pair, so adding 2 paired rounds means the rounds run plus 2."""
+    s = _study()
+    base, cand = _trial(0, "baseline", tps=16636), _trial(1, tps=17895)
+    rows = (_rows(base, [(14847, 16.7), (10954, 16.7), (14847, 16.7)], rounds=[0, 2, 3])
+            + _rows(cand, [(17239, 18.5), (17500, 18.5), (17358, 18.5), (17239, 18.5)]))
+    confirmed = summarize_confirmations(s, [base, cand], rows)
+    assert confirmed[1].verdicts[0].interval.rounds == 3 and confirmed[1].verdicts[0].more_rounds_can_settle()
+    lines = confirmation_lines(s, [base, cand], confirmed)
+    assert any("(`autotune confirm --repeats 6` adds 2)" in line for line in lines)
+
+
 def _study(quality=()):
     return StudyRecord(id=1, name="s", objectives=OBJ, quality_knobs=list(quality))
 
@@ -103,11 +141,11 @@ def _trial(i, role="search", cap=10.0, tps=100.0, tpot=20.0, flags=None, params=
                        capacity={"capacity": cap, "bracket": bracket or [cap, cap + 1]}, measurement_flags=flags)
 
 
-def _rows(trial, values, caps=None, states=None):
+def _rows(trial, values, caps=None, states=None, rounds=None):
     out = []
     for r, (tps, tpot) in enumerate(values):
         state = (states or ["ok"] * len(values))[r]
-        out.append(ConfirmationRecord(trial_id=trial.id, round=r, position=0, seed=r, state=state,
+        out.append(ConfirmationRecord(trial_id=trial.id, round=(rounds or range(len(values)))[r], position=0, seed=r, state=state,
                                       cause="crash" if state == "failed" else None,
                                       objectives={} if state == "failed" else {"capacity_tps": tps, "p50_tpot_ms": tpot},
                                       constraints={"slo:ttft:p99": 50.0 if state == "infeasible" else -5.0},

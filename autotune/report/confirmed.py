@@ -180,11 +180,11 @@ def confirmation_lines(study: StudyRecord, trials: Sequence[TrialRecord], confir
             elif c.verdicts[0].held_by_spread():
                 held.append(n)
     if leaning:
-        # --repeats counts rounds run, paired or not (a round cut before the baseline ran has none)
-        ran = 1 + max(r.round for c in [base] + [c for _, c in leaning] for r in c.rows)
+        # --repeats counts the rounds each configuration has paired with the baseline (tuner/confirm.py)
+        rounds = max(c.verdicts[0].interval.rounds for _, c in leaning)
         lines.append(f"{leaning[0][1].verdicts[0].objective} of {', '.join(f'#{n}' for n, _ in leaning)} leaned the "
                      f"same way in every paired round, yet the interval includes 1: more rounds can settle it "
-                     f"(`autotune confirm --repeats {ran + 2}` adds 2); no gain is claimed until then")
+                     f"(`autotune confirm --repeats {rounds + 2}` adds 2); no gain is claimed until then")
     if held:
         lines.append(f"{study.objectives[0][0]} of {', '.join(f'#{n}' for n in held)} leaned one way, but the "
                      "difference is below the spread of one configuration's repeats: more rounds do not settle that "

@@ -13,7 +13,7 @@ from autotune.bench import measurement_flags as mflags
 from autotune.export.choice import exported_trial
 from autotune.report.confirmed import confirmation_lines, rounds_left_text
 from autotune.store.models import ConfirmationRecord, StudyRecord, TrialRecord
-from autotune.tuner.confirm import plan, round_seed, round_times
+from autotune.tuner.confirm import plan, round_seed, round_times, rounds_to_run
 from autotune.tuner.picks import pick_candidates
 from autotune.tuner.verdict import (objective_verdict, paired_ratio_interval, relative_spread,
                                     summarize_confirmations, t975)
@@ -117,9 +117,9 @@ def test_a_gain_held_back_by_the_spread_is_told_apart_from_a_short_interval():
     assert not any("can settle it" in line for line in lines)
 
 
-def test_the_more_rounds_hint_counts_the_rounds_run_not_only_the_paired_ones():
-    """`confirm --repeats N` counts every round run; a round cut before the baseline ran (the H100 decode
-    study's second) has no pair, so adding 2 paired rounds means the rounds run plus 2."""
+def test_the_more_rounds_hint_counts_paired_rounds_as_confirm_repeats_does():
+    """`confirm --repeats N` asks for N rounds paired with the baseline per configuration; a round cut
+    before the baseline ran (the H100 decode study's second) pairs nothing, so the hint counts pairs."""
     s = _study()
     base, cand = _trial(0, "baseline", tps=16636), _trial(1, tps=17895)
     rows = (_rows(base, [(14847, 16.7), (10954, 16.7), (14847, 16.7)], rounds=[0, 2, 3])
@@ -127,7 +127,9 @@ def test_the_more_rounds_hint_counts_the_rounds_run_not_only_the_paired_ones():
     confirmed = summarize_confirmations(s, [base, cand], rows)
     assert confirmed[1].verdicts[0].interval.rounds == 3 and confirmed[1].verdicts[0].more_rounds_can_settle()
     lines = confirmation_lines(s, [base, cand], confirmed)
-    assert any("(`autotune confirm --repeats 6` adds 2)" in line for line in lines)
+    assert any("(`autotune confirm --repeats 5` adds 2)" in line for line in lines)
+    todo, cut = rounds_to_run([base, cand], rows, 5)
+    assert [r for r, _ in todo] == [4, 5] and cut == [1]
 
 
 def _study(quality=()):

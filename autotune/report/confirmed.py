@@ -175,18 +175,20 @@ def confirmation_lines(study: StudyRecord, trials: Sequence[TrialRecord], confir
         if c is not base and c.verdicts:
             lines.append(f"#{n} against the baseline #{base.trial.number}: " + "; ".join(v.text() for v in c.verdicts)
                          + pairs_apart(c, base))
-            if c.verdicts[0].more_rounds_can_settle():
-                leaning.append((n, c))
-            elif c.verdicts[0].held_by_spread():
+            first = c.verdicts[0]
+            if first.more_rounds_can_settle():
+                leaning.append((n, first.interval.rounds))
+            elif first.held_by_spread():
                 held.append(n)
+    objective = study.objectives[0][0]
     if leaning:
         # --repeats counts the rounds each configuration has paired with the baseline (tuner/confirm.py)
-        rounds = max(c.verdicts[0].interval.rounds for _, c in leaning)
-        lines.append(f"{leaning[0][1].verdicts[0].objective} of {', '.join(f'#{n}' for n, _ in leaning)} leaned the "
-                     f"same way in every paired round, yet the interval includes 1: more rounds can settle it "
+        rounds = max(r for _, r in leaning)
+        lines.append(f"{objective} of {', '.join(f'#{n}' for n, _ in leaning)} leaned the same way in every "
+                     f"paired round, yet the interval includes 1: more rounds can settle it "
                      f"(`autotune confirm --repeats {rounds + 2}` adds 2); no gain is claimed until then")
     if held:
-        lines.append(f"{study.objectives[0][0]} of {', '.join(f'#{n}' for n in held)} leaned one way, but the "
+        lines.append(f"{objective} of {', '.join(f'#{n}' for n in held)} leaned one way, but the "
                      "difference is below the spread of one configuration's repeats: more rounds do not settle that "
                      "(max - min over repeats never narrows); no gain is claimed")
     lines.append("interval: 95 % Student t over the paired rounds' log ratios (candidate / baseline of the same "

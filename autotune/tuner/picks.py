@@ -29,7 +29,8 @@ from typing import Sequence
 
 from autotune.store.models import ConfirmationRecord, StudyRecord, TrialRecord
 from autotune.store.queries import best_trial, is_feasible, pareto_front
-from autotune.tuner.verdict import NOISE_FLOOR, first_run_costs, flags_of, quality_changing, relative_spread
+from autotune.tuner.verdict import (NOISE_FLOOR, first_key, first_run_costs, flags_of, quality_changing,
+                                    relative_spread)
 
 
 @dataclass
@@ -78,13 +79,12 @@ def _pool(trials: Sequence[TrialRecord]) -> list[TrialRecord]:
 def _unsettled(study: StudyRecord, pool: Sequence[TrialRecord], noise: float) -> list[tuple[TrialRecord, str]]:
     """Trials whose first run does not settle where they stand: within `noise` of the best first run,
     then flagged ones; each group best first, with why."""
-    name, direction = study.objectives[0]
+    name = study.objectives[0][0]
     best = best_trial(study, pool)
     if best is None:
         return []
     top = float(best.objectives[name])
-    ranked = sorted((t for t in pool if t is not best),
-                    key=lambda t: -t.objectives[name] if direction == "maximize" else t.objectives[name])
+    ranked = sorted((t for t in pool if t is not best), key=lambda t: first_key(study, t.objectives))
     close, flagged = [], []
     for t in ranked:
         gap = abs(float(t.objectives[name]) / top - 1.0) if top else float("inf")
@@ -103,9 +103,7 @@ def pick_candidates(study: StudyRecord, trials: Sequence[TrialRecord], k: int, m
     baseline = next((t for t in trials if t.role == "baseline"), None)
     pool = _pool(trials)
     if every:
-        name, direction = study.objectives[0]
-        return Picks(sorted(pool, key=lambda t: -t.objectives[name] if direction == "maximize"
-                            else t.objectives[name]), [], [])
+        return Picks(sorted(pool, key=lambda t: first_key(study, t.objectives)), [], [])
     out: list[TrialRecord] = []
 
     def add(t: TrialRecord | None) -> None:
@@ -123,9 +121,7 @@ def pick_candidates(study: StudyRecord, trials: Sequence[TrialRecord], k: int, m
             costless = (f"#{free.number} is the best first run that costs nothing on the other objectives "
                         f"(the best, #{best.number}: {', '.join(costs)})")
         add(free)
-    name, direction = study.objectives[0]
-    for t in sorted(pareto_front(study, pool), key=lambda t: -t.objectives[name] if direction == "maximize"
-                    else t.objectives[name]):
+    for t in sorted(pareto_front(study, pool), key=lambda t: first_key(study, t.objectives)):
         add(t)
     noise, noise_why = noise_estimate(study, trials, rows)
     unsettled = [(t, why) for t, why in _unsettled(study, pool, noise) if t not in out]

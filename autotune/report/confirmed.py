@@ -7,8 +7,9 @@ from typing import Any, Sequence
 
 from autotune.store.models import StudyRecord, TrialRecord
 from autotune.store.repository import ResultStore
-from autotune.tuner.verdict import (MIN_ROUNDS, NOISE_FLOOR, Confirmed, ObjectiveVerdict, first_bracket,
-                                    objective_verdict, relative_spread, summarize_confirmations)
+from autotune.tuner.verdict import (MIN_ROUNDS, NOISE_FLOOR, OLD_SPREAD_RULE, Confirmed, ObjectiveVerdict,
+                                    first_bracket, objective_verdict, relative_spread, spread_rule,
+                                    summarize_confirmations)
 from autotune.tuner.winner import ExportChoice, baseline_words
 
 NOT_CONFIRMED = "not confirmed"
@@ -190,9 +191,13 @@ def confirmation_lines(study: StudyRecord, trials: Sequence[TrialRecord], confir
     if held:
         lines.append(f"{objective} of {', '.join(f'#{n}' for n in held)} leaned one way, but the "
                      "difference is below the spread of one configuration's repeats: more rounds do not settle that "
-                     "(max - min over repeats never narrows); no gain is claimed")
+                     + ("(max - min over repeats never narrows)" if spread_rule(study) == "range" else
+                        "(the typical gap between two repeats does not shrink as repeats are added)")
+                     + "; no gain is claimed")
     lines.append("interval: 95 % Student t over the paired rounds' log ratios (candidate / baseline of the same "
-                 "round); no gain beyond noise when it includes 1 or the gain is below one config's spread")
+                 "round); no gain beyond noise when it includes 1 or the gain is below one config's spread ("
+                 + ("the range of its repeats" if spread_rule(study) == "range" else
+                    "the median gap between two of its repeats") + ", over their median)")
     return lines
 
 
@@ -249,11 +254,12 @@ def repeat_values(c: Confirmed, objective: str) -> dict[int, float]:
             if r.state != "failed" and (r.objectives or {}).get(objective) is not None}
 
 
-def gain(a: Confirmed | None, b: Confirmed | None, objective: str, direction: str) -> ObjectiveVerdict | None:
+def gain(a: Confirmed | None, b: Confirmed | None, objective: str, direction: str,
+         rule: str = OLD_SPREAD_RULE) -> ObjectiveVerdict | None:
     """B against A on one objective, paired by round (the rounds share their prompts), with the same
-    interval and noise rule as the verdict against the baseline."""
+    interval and noise rule (the study's `spread_rule`) as the verdict against the baseline."""
     if a is None or b is None:
         return None
     va, vb = repeat_values(a, objective), repeat_values(b, objective)
     pairs = [(va[r], vb[r]) for r in sorted(va.keys() & vb.keys())]
-    return objective_verdict(objective, direction, pairs, list(va.values()), list(vb.values()))
+    return objective_verdict(objective, direction, pairs, list(va.values()), list(vb.values()), rule)

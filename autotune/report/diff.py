@@ -19,6 +19,7 @@ from autotune.report.show import _fmt
 from autotune.store.models import StudyRecord, TrialRecord
 from autotune.store.queries import is_feasible
 from autotune.store.repository import ResultStore
+from autotune.tuner.verdict import spread_rule
 
 MEASURES = (("p99 TTFT ms", "metrics", "p99_ttft_ms"), ("median TPOT ms", "metrics", "median_tpot_ms"),
             ("output tok/s", "metrics", "output_throughput"), ("load meeting the SLO", "capacity", "capacity"),
@@ -59,7 +60,7 @@ def compare(study: StudyRecord, a: TrialRecord, b: TrialRecord, confirms: dict[i
     rows = []
     for name, direction in study.objectives:
         va, vb = (a.objectives or {}).get(name), (b.objectives or {}).get(name)
-        g = conf.gain(confirms.get(a.number), confirms.get(b.number), name, direction)
+        g = conf.gain(confirms.get(a.number), confirms.get(b.number), name, direction, spread_rule(study))
         rows.append({"measure": name, "direction": direction, "a": va, "b": vb, "ratio": _ratio(va, vb),
                      "confirmed_a": confirms[a.number].medians.get(name) if a.number in confirms else None,
                      "confirmed_b": confirms[b.number].medians.get(name) if b.number in confirms else None,

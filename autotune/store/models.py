@@ -40,6 +40,9 @@ class StudyRecord(Base):
     slo: Mapped[str] = mapped_column(Text)
     quality_knobs: Mapped[list[str]] = mapped_column(JSON, default=list)  # searched knobs that change output
     created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
+    # how the verdict measures one configuration's spread (tuner/verdict.py), stamped when the first
+    # confirmation round is stored and never changed after; unset on studies confirmed before the stamp
+    spread_rule: Mapped[str | None] = mapped_column(String(16), nullable=True)
 
 
 class TrialRecord(Base):

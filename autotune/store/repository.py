@@ -7,7 +7,7 @@ import datetime as dt
 from pathlib import Path
 from typing import Any, Iterator
 
-from sqlalchemy import Row, create_engine, delete, inspect, or_, select
+from sqlalchemy import Row, create_engine, delete, inspect, or_, select, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, load_only
 
@@ -247,6 +247,19 @@ class ResultStore:
         """Insert or replace the repeat of one trial in one round."""
         key = {"trial_id": fields.pop("trial_id"), "round": fields.pop("round")}
         return self._upsert(ConfirmationRecord, key, fields)
+
+    def stamp_spread_rule(self, study_id: int, new: str, old: str) -> str:
+        """Fix the study's spread rule (tuner/verdict.py) before a confirmation row is stored, and return
+        the rule in force: `new` for a study storing its first round, `old` for one whose rounds were
+        stored before the stamp existed. A stamped rule is never changed, so a verdict cannot be re-read
+        under another rule once its numbers are known."""
+        with self.session() as s:
+            has_rows = s.scalar(select(ConfirmationRecord.id).where(ConfirmationRecord.study_id == study_id)
+                                .limit(1)) is not None
+            s.execute(update(StudyRecord).where(StudyRecord.id == study_id, StudyRecord.spread_rule.is_(None))
+                      .values(spread_rule=old if has_rows else new))
+            s.commit()
+            return str(s.scalar(select(StudyRecord.spread_rule).where(StudyRecord.id == study_id)))
 
     def confirmations(self, study_id: int) -> list[ConfirmationRecord]:
         with self.session() as s:

@@ -38,7 +38,7 @@ from autotune.store.repository import ResultStore
 from autotune.tuner.objectives import measured_constraints, pick
 from autotune.tuner.picks import Picks, pick_candidates
 from autotune.tuner.trial import TrialOutcome, TrialRunner
-from autotune.tuner.verdict import bracket_low, first_bracket
+from autotune.tuner.verdict import OLD_SPREAD_RULE, SPREAD_RULE, bracket_low, first_bracket
 
 ROUND_SEED_BASE = 7_770_001    # fresh prompts: the first runs drew theirs from the spec's seed
 ROUND_SEED_STRIDE = 104_729
@@ -217,6 +217,7 @@ def run_round(spec: StudySpec, store: ResultStore, study: StudyRecord, runner: T
                 f"the round is cut, and the next run replaces it")
             continue
         row = _row(spec, outcome)
+        study.spread_rule = store.stamp_spread_rule(study.id, SPREAD_RULE, OLD_SPREAD_RULE)
         try:
             store.save_confirmation(study_id=study.id, trial_id=t.id, round=rnd.number, position=pos,
                                     seed=rnd.seed, started_at=started, finished_at=utcnow(),

@@ -12,8 +12,15 @@ widens honestly (t = 4.30 at 3 rounds); logs make a 10 % gain and a 10 % loss sy
 interval of a ratio positive.
 
 "No gain beyond noise" is said when the interval includes 1, or when the gain is smaller than the spread
-between repeats of one configuration ((max - min) / median of either side's repeats): a difference
-smaller than what the same config does from one server start to the next is not a finding.
+between repeats of one configuration (the larger of the two sides'): a difference smaller than what the
+same config does from one server start to the next is not a finding. Which spread is a study's own rule
+(`spread_rule`), fixed when its first confirmation round is stored:
+- "gap", the median of the absolute gaps between every two repeats, over their median: the typical
+  distance between two restarts of the same settings. It does not grow with the number of repeats.
+- "range", (max - min) / median: the rule of the studies confirmed before "gap" existed. It grows with
+  every repeat added, so a study that ran more rounds to settle a leaning verdict raised its own bar
+  (the H100 decode study: the defaults' range 27.8 % over 4 repeats, their median gap 13.9 %).
+A study keeps the rule it was stamped with, so no verdict changes after its numbers are seen.
 """
 
 from __future__ import annotations
@@ -70,10 +77,28 @@ def paired_ratio_interval(ratios: Sequence[float]) -> RatioInterval:
     return RatioInterval(math.exp(mean), math.exp(mean - half), math.exp(mean + half), n, (min(ratios), max(ratios)))
 
 
-def relative_spread(values: Sequence[float]) -> float:
-    """(max - min) / median of one configuration's repeats: how far apart the same config lands."""
+SPREAD_RULES = ("gap", "range")
+SPREAD_RULE = "gap"         # what a study's first stored confirmation round stamps (store/repository.py)
+OLD_SPREAD_RULE = "range"   # a study with rounds stored before the stamp existed
+
+
+def relative_spread(values: Sequence[float], rule: str = OLD_SPREAD_RULE) -> float:
+    """How far apart one configuration's repeats land, relative to their median, by `rule` (the module's
+    docstring): "range" (max - min) or "gap" (the median absolute difference of every two repeats)."""
+    if rule not in SPREAD_RULES:
+        raise ValueError(f"unknown spread rule {rule!r}")
     med = statistics.median(values)
-    return (max(values) - min(values)) / abs(med) if med else math.inf
+    if not med:
+        return math.inf
+    if rule == "range":
+        return (max(values) - min(values)) / abs(med)
+    gaps = [abs(a - b) for i, a in enumerate(values) for b in values[i + 1:]]
+    return statistics.median(gaps) / abs(med)
+
+
+def spread_rule(study: StudyRecord) -> str:
+    """The study's stamped rule; unstamped means its rounds (if any) were stored under the range."""
+    return getattr(study, "spread_rule", None) or OLD_SPREAD_RULE
 
 
 @dataclass
@@ -83,6 +108,7 @@ class ObjectiveVerdict:
     interval: RatioInterval | None
     spread: float | None        # the larger of the two sides' relative spreads
     beyond_noise: bool
+    rule: str = OLD_SPREAD_RULE     # how `spread` was measured
 
     @property
     def better(self) -> bool:
@@ -100,7 +126,8 @@ class ObjectiveVerdict:
             return f"{self.objective}: too few paired rounds for an interval"
         iv = self.interval
         word = ("better" if self.better else "worse") if self.beyond_noise else "no gain beyond noise"
-        spread = f", spread {self.spread:.1%}" if self.spread is not None else ""
+        spread = (f", spread {self.spread:.1%} ({'median gap' if self.rule == 'gap' else self.rule})"
+                  if self.spread is not None else "")
         why = []
         if self.leaning():
             why.append(f"every round {'above' if iv.each[0] > 1 else 'below'} 1: x{iv.each[0]:.3f}-x{iv.each[1]:.3f}")
@@ -114,9 +141,9 @@ class ObjectiveVerdict:
     def held_by_spread(self) -> bool:
         """The evidence leans one way (the interval excludes 1, or every round is on one side) and the spread
         rule keeps the gain from being claimed. Said apart from an interval that merely includes 1, because
-        more rounds do not help here: max - min over repeats never narrows as repeats are added (the H100
-        decode study after 4 paired rounds: x1.269 [1.000, 1.610], the defaults' repeats spread 27.8 %,
-        one of them at 10,954 tok/s against 14,847-15,085 for the other three)."""
+        more rounds may not help here: under the range rule the spread never narrows as repeats are added
+        (the H100 decode study after 4 paired rounds: x1.269 [1.000, 1.610], the defaults' repeats spread
+        27.8 %, one of them at 10,954 tok/s against 14,847-15,085 for the other three)."""
         iv = self.interval
         return (not self.beyond_noise and iv is not None and self.spread is not None
                 and abs(iv.ratio - 1.0) < self.spread and (not iv.includes_one() or iv.one_sided()))
@@ -135,17 +162,18 @@ class ObjectiveVerdict:
 
 
 def objective_verdict(objective: str, direction: str, pairs: Sequence[tuple[float, float]],
-                      base_repeats: Sequence[float], cand_repeats: Sequence[float]) -> ObjectiveVerdict:
-    """`pairs` are (baseline, candidate) values of the same rounds."""
+                      base_repeats: Sequence[float], cand_repeats: Sequence[float],
+                      rule: str = OLD_SPREAD_RULE) -> ObjectiveVerdict:
+    """`pairs` are (baseline, candidate) values of the same rounds; `rule` is the study's (spread_rule)."""
     usable = [(a, b) for a, b in pairs if a > 0 and b > 0]
-    spreads = [relative_spread(v) for v in (base_repeats, cand_repeats) if len(v) >= 2]
+    spreads = [relative_spread(v, rule) for v in (base_repeats, cand_repeats) if len(v) >= 2]
     spread = max(spreads) if spreads else None
     if len(usable) < MIN_ROUNDS:
-        return ObjectiveVerdict(objective, direction, None, spread, False)
+        return ObjectiveVerdict(objective, direction, None, spread, False, rule)
     iv = paired_ratio_interval([b / a for a, b in usable])
     gain = abs(iv.ratio - 1.0)
     beyond = not iv.includes_one() and (spread is None or gain >= spread)
-    return ObjectiveVerdict(objective, direction, iv, spread, beyond)
+    return ObjectiveVerdict(objective, direction, iv, spread, beyond, rule)
 
 
 # -- a study's confirmations --------------------------------------------------------------------------
@@ -264,6 +292,7 @@ def summarize_confirmations(study: StudyRecord, trials: Sequence[TrialRecord],
         if r.trial_id in by_id:
             grouped.setdefault(r.trial_id, []).append(r)
     names = [(o, d) for o, d in study.objectives]
+    rule = spread_rule(study)
     baseline = next((t for t in trials if t.role == "baseline"), None)
     # the rounds a candidate can pair with: a round cut in an earlier run may hold it without the baseline
     base_round_set = {r.round for r in grouped.get(baseline.id, [])} if baseline is not None else set()
@@ -276,7 +305,7 @@ def summarize_confirmations(study: StudyRecord, trials: Sequence[TrialRecord],
             vals = [r.objectives[name] for r in ok if r.objectives.get(name) is not None]
             if vals:
                 c.medians[name] = statistics.median(vals)
-                c.spreads[name] = relative_spread(vals) if len(vals) >= 2 else 0.0
+                c.spreads[name] = relative_spread(vals, rule) if len(vals) >= 2 else 0.0
         failed = [r for r in c.rows if r.state == "failed"]
         unmet = [r for r in c.rows if r.state != "failed" and r not in ok]
         if failed:
@@ -305,7 +334,7 @@ def summarize_confirmations(study: StudyRecord, trials: Sequence[TrialRecord],
                          and name in base_rounds[r.round].objectives]
                 c.verdicts.append(objective_verdict(
                     name, direction, pairs, [r.objectives[name] for r in base_rounds.values() if name in r.objectives],
-                    [r.objectives[name] for r in c.rows if r.state == "ok" and name in r.objectives]))
+                    [r.objectives[name] for r in c.rows if r.state == "ok" and name in r.objectives], rule))
     return out
 
 

@@ -214,3 +214,29 @@ def test_a_round_is_timed_by_each_configurations_longest_repeat(tmp_path: Path) 
     assert [confirm.expected_repeat_s(t, rows, 190.0) for t in trials] == [325.0, 246.0, 289.0, 299.0]
     (nxt, held, need), *_ = confirm.round_times(trials, rows, 5, 190.0)
     assert (nxt, held, need) == (4, 4, 1159.0) and need > max(956, 976, 947)
+
+
+def test_the_first_stored_round_stamps_the_median_gap_rule_and_no_later_call_changes_it(tmp_path: Path,
+                                                                                          monkeypatch) -> None:
+    """A study's spread rule is fixed before its first repeat is stored, so a verdict cannot be re-read
+    under another rule once its numbers are known."""
+    spec, store, study, trials = _setup(tmp_path)
+    assert store.study("r").spread_rule is None
+    _run(spec, store, study, CountingRunner(), trials, [], left_s=1300, budget_s=None, monkeypatch=monkeypatch)
+    assert store.study("r").spread_rule == "gap" and study.spread_rule == "gap"
+    assert store.stamp_spread_rule(study.id, "range", "range") == "gap"
+    assert store.study("r").spread_rule == "gap"
+
+
+def test_a_study_with_rounds_stored_before_the_stamp_keeps_the_range(tmp_path: Path, monkeypatch) -> None:
+    """Rows written by an autotune without the stamp were judged by the range; the next round stamps that,
+    not the newer rule (the H100 decode study: its round 6 is read as rounds 1-5 were)."""
+    spec, store, study, trials = _setup(tmp_path)
+    for t in trials:     # round 0 as an older autotune stored it: no stamp
+        store.save_confirmation(study_id=study.id, trial_id=t.id, round=0, position=0, seed=1, state="ok",
+                                objectives={"capacity_tps": 2000.0, "p50_tpot_ms": 12.0}, constraints={})
+    runner = CountingRunner()
+    monkeypatch.setattr(confirm, "time", SimpleNamespace(monotonic=lambda: runner.now))
+    run_round(spec, store, study, runner, Round(1, 5, list(enumerate(trials))), repeats=3, phase=lambda _: None,
+              say=lambda _: None, expected_s=600.0)
+    assert runner.ran == [0, 1] and store.study("r").spread_rule == "range"

@@ -94,7 +94,7 @@ def test_the_issue_table_exports_fp8_and_output_preserving_gives_the_baseline(tm
             "opted into)") in text and "--output-preserving" in text
     assert "# chosen: trial 1: best confirmed median on capacity_tps over 3 repeats, capacity_tps against the " \
            "baseline: better" in text
-    assert "# against the baseline: capacity_tps x1.193 [" in text and "over 3 paired rounds, spread 1.4%: better" in text
+    assert "# against the baseline: capacity_tps x1.193 [" in text and "over 3 paired rounds, spread 1.4% (range): better" in text
     assert "quantization: fp8" in text and "kv-cache-dtype: fp8" in text
 
     kept = tmp_path / "kept.yaml"
@@ -102,7 +102,7 @@ def test_the_issue_table_exports_fp8_and_output_preserving_gives_the_baseline(tm
     text = kept.read_text()
     assert "# autotune: study fp8, trial 0 (baseline)" in text and "WARNING" not in text
     assert ("# this is the baseline (vLLM's defaults): no output-preserving candidate beat it after confirmation: "
-            "#7 is worse (capacity_tps x0.963 [0.946, 0.980] over 3 paired rounds, spread 1.4%: worse)") in text
+            "#7 is worse (capacity_tps x0.963 [0.946, 0.980] over 3 paired rounds, spread 1.4% (range): worse)") in text
     assert "quantization" not in text.split("\n# run:")[1]      # the defaults' file sets no quality knob
 
 

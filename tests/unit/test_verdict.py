@@ -48,6 +48,31 @@ def test_identical_ratios_give_a_point_interval_and_a_log_symmetric_one_otherwis
 
 def test_relative_spread():
     assert relative_spread([90.0, 100.0, 110.0]) == pytest.approx(0.2)
+    # gaps 10, 20, 10: their median 10 over the median 100
+    assert relative_spread([90.0, 100.0, 110.0], "gap") == pytest.approx(0.1)
+    with pytest.raises(ValueError):
+        relative_spread([1.0, 2.0], "iqr")
+
+
+def test_the_median_gap_does_not_grow_with_repeats_where_the_range_does():
+    """The H100 decode study's defaults, 4 repeats (one on the knife-edge of the TPOT bound): the range
+    27.8 %, the median gap between two of them 13.9 %. With a 5th repeat like the other three the range
+    stays 27.7 % (max - min can only grow); the median gap falls to 1.5 %, what four of five restarts show."""
+    base = [14847.15, 10954.44, 14884.70, 15084.74]
+    assert relative_spread(base) == pytest.approx(0.2778, abs=1e-4)
+    assert relative_spread(base, "gap") == pytest.approx(0.1389, abs=1e-4)
+    assert relative_spread(base + [14900.0]) == pytest.approx(0.2775, abs=1e-4)
+    assert relative_spread(base + [14900.0], "gap") == pytest.approx(0.0147, abs=1e-4)
+
+
+def test_under_the_median_gap_rule_the_decode_gain_clears_the_spread():
+    """What the proposal written before the confirmations said the rule would do on those four rounds,
+    checked; that study itself keeps the range (it was stamped so)."""
+    base = [14847.15, 10954.44, 14884.70, 15084.74]
+    cand = [17239.46, 17357.58, 17284.39, 18301.57]
+    v = objective_verdict("capacity_tps", "maximize", list(zip(base, cand)), base, cand + [17568.06], "gap")
+    assert v.spread == pytest.approx(0.1389, abs=1e-4) and v.beyond_noise and v.better
+    assert "spread 13.9% (median gap): better" in v.text()
 
 
 def test_gain_inside_the_interval_or_below_the_spread_is_noise():
@@ -264,7 +289,7 @@ def test_the_h200_fp8_confirmation_exports_fp8_ranked_by_its_repeats():
     line = next(x for x in shown if x.startswith("  #2 (enqueued, changes output quality: quantization=fp8)"))
     assert "first run 4824 -> median 3706 (x0.768): FIRST RUN NOT REPRODUCED" in line
     assert "SLO held at load 58-59 in the first run, 49 / 49 / 47 in the repeats (median 49, spread 4%)" in line
-    assert any("#2 against the baseline #0: capacity_tps x1.396 [1.092, 1.786] over 3 paired rounds, spread 18.1%: "
+    assert any("#2 against the baseline #0: capacity_tps x1.396 [1.092, 1.786] over 3 paired rounds, spread 18.1% (range): "
                "better" in x for x in shown)
     assert export_choice(s, [base, fp8], rows).trial is fp8
     keeps = export_choice(s, [base, fp8], rows, output_preserving=True)

@@ -20,7 +20,7 @@ from autotune.store.queries import is_feasible, pareto_front
 from autotune.store.repository import ResultStore
 from autotune.store.urls import mask_url
 from autotune.tuner.picks import left_out
-from autotune.tuner.verdict import confirmed_front, flags_of, summarize_confirmations
+from autotune.tuner.verdict import confirmed_front, flags_of, spread_rule, summarize_confirmations
 from autotune.tuner.winner import export_choice
 from autotune.tuner.narrowing import Limit
 
@@ -173,6 +173,7 @@ def show_command(args: argparse.Namespace) -> int:
                           "objectives": study.objectives, "workload_profile": profile,
                           "trials": rows, "learned_limits": limits,
                           "confirmations": {str(n): c.to_json() for n, c in sorted(confirmed.items())},
+                          "spread_rule": spread_rule(study),
                           "pareto_front": [t.number for t in front], "pareto_front_confirmed": bool(confirmed),
                           "best": choice.trial.number if choice.trial else None,
                           "best_confirmed": choice.confirmed is not None, "best_why": choice.why,

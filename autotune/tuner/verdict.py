@@ -234,6 +234,7 @@ class Confirmed:
                              "low": v.interval.low if v.interval else None,
                              "high": v.interval.high if v.interval else None,
                              "rounds": v.interval.rounds if v.interval else 0, "spread": v.spread,
+                             "spread_rule": v.rule,
                              "beyond_noise": v.beyond_noise, "worse": v.worse, "text": v.text()}
                             for v in self.verdicts]}
 

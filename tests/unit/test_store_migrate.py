@@ -44,3 +44,22 @@ def test_every_committed_study_database_opens_with_show_and_export(tmp_path: Pat
             trials = store.trials(study.id)
             choice = export_choice(study, trials, store.confirmations(study.id))
             assert choice.why, (src, name)
+
+
+def test_the_h100_decode_study_opens_unstamped_and_keeps_the_range_verdict(tmp_path: Path) -> None:
+    """Its rounds were stored before the spread rule was stamped: opened by this autotune it gains the
+    column, reads as the range, and gives the four-round verdict RESULTS.md quotes, not the gap rule's."""
+    import gzip
+
+    from autotune.tuner.verdict import spread_rule, summarize_confirmations
+
+    db = tmp_path / "decode.db"
+    with gzip.open(OLD_DB.parent / "knobs" / "h100-decode.db.gz") as src, open(db, "wb") as out:
+        shutil.copyfileobj(src, out)
+    store = ResultStore(f"sqlite:///{db}", create=False)
+    study = store.resolve_study(None)
+    assert study.spread_rule is None and spread_rule(study) == "range"
+    confirmed = summarize_confirmations(study, store.trials(study.id), store.confirmations(study.id))
+    assert confirmed[1].verdicts[0].text().startswith(
+        "capacity_tps x1.269 [1.000, 1.610] over 4 paired rounds, spread 27.8% (range): no gain beyond noise")
+    assert store.stamp_spread_rule(study.id, "gap", "range") == "range"

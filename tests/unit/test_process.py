@@ -1,6 +1,7 @@
 """Process-group hygiene with real processes: nothing a test starts may outlive it."""
 
 import os
+import re
 import signal
 import socket
 import sys
@@ -52,8 +53,11 @@ def wait_for(predicate, timeout=60.0):
 
 
 def children_from_log(path: Path) -> list[int]:
-    assert wait_for(lambda: "children" in path.read_text()), path.read_text()
-    return [int(p) for p in path.read_text().split("children", 1)[1].split()]
+    """The tree's line, once whole: the suite runs with PYTHONUNBUFFERED=1 (tests/streams.py), under which
+    print writes each piece with its own write(), and a read between them once saw "children" alone."""
+    line = re.compile(r"^children( \d+)+\n", re.M)
+    assert wait_for(lambda: line.search(path.read_text()) is not None), path.read_text()
+    return [int(p) for p in line.search(path.read_text()).group(0).split()[1:]]
 
 
 def gone(pid: int) -> bool:

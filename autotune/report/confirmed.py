@@ -7,9 +7,9 @@ from typing import Any, Sequence
 
 from autotune.store.models import StudyRecord, TrialRecord
 from autotune.store.repository import ResultStore
-from autotune.tuner.verdict import (MIN_ROUNDS, NOISE_FLOOR, OLD_SPREAD_RULE, Confirmed, ObjectiveVerdict,
-                                    first_bracket, objective_verdict, relative_spread, spread_rule,
-                                    summarize_confirmations)
+from autotune.tuner.verdict import (MIN_ROUNDS, NOISE_FLOOR, OLD_SPREAD_RULE, SPREAD_RULES, Confirmed,
+                                    ObjectiveVerdict, first_bracket, objective_verdict, relative_spread,
+                                    spread_rule, summarize_confirmations)
 from autotune.tuner.winner import ExportChoice, baseline_words
 
 NOT_CONFIRMED = "not confirmed"
@@ -181,7 +181,7 @@ def confirmation_lines(study: StudyRecord, trials: Sequence[TrialRecord], confir
                 leaning.append((n, first.interval.rounds))
             elif first.held_by_spread():
                 held.append(n)
-    objective = study.objectives[0][0]
+    objective, rule = study.objectives[0][0], spread_rule(study)
     if leaning:
         # --repeats counts the rounds each configuration has paired with the baseline (tuner/confirm.py)
         rounds = max(r for _, r in leaning)
@@ -191,13 +191,12 @@ def confirmation_lines(study: StudyRecord, trials: Sequence[TrialRecord], confir
     if held:
         lines.append(f"{objective} of {', '.join(f'#{n}' for n in held)} leaned one way, but the "
                      "difference is below the spread of one configuration's repeats: more rounds do not settle that "
-                     + ("(max - min over repeats never narrows)" if spread_rule(study) == "range" else
+                     + ("(max - min over repeats never narrows)" if rule == "range" else
                         "(the typical gap between two repeats does not shrink as repeats are added)")
                      + "; no gain is claimed")
     lines.append("interval: 95 % Student t over the paired rounds' log ratios (candidate / baseline of the same "
-                 "round); no gain beyond noise when it includes 1 or the gain is below one config's spread ("
-                 + ("the range of its repeats" if spread_rule(study) == "range" else
-                    "the median gap between two of its repeats") + ", over their median)")
+                 f"round); no gain beyond noise when it includes 1 or the gain is below one config's spread "
+                 f"({SPREAD_RULES[rule][1]}, over their median)")
     return lines
 
 

@@ -217,7 +217,8 @@ def run_round(spec: StudySpec, store: ResultStore, study: StudyRecord, runner: T
                 f"the round is cut, and the next run replaces it")
             continue
         row = _row(spec, outcome)
-        study.spread_rule = store.stamp_spread_rule(study.id, SPREAD_RULE, OLD_SPREAD_RULE)
+        if study.spread_rule is None:     # once stamped it never changes: no query per repeat after that
+            study.spread_rule = store.stamp_spread_rule(study.id, SPREAD_RULE, OLD_SPREAD_RULE)
         try:
             store.save_confirmation(study_id=study.id, trial_id=t.id, round=rnd.number, position=pos,
                                     seed=rnd.seed, started_at=started, finished_at=utcnow(),

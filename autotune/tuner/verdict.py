@@ -77,7 +77,9 @@ def paired_ratio_interval(ratios: Sequence[float]) -> RatioInterval:
     return RatioInterval(math.exp(mean), math.exp(mean - half), math.exp(mean + half), n, (min(ratios), max(ratios)))
 
 
-SPREAD_RULES = ("gap", "range")
+# rule -> (its name beside a spread, what it measures in words)
+SPREAD_RULES = {"gap": ("median gap", "the median gap between two of its repeats"),
+                "range": ("range", "the range of its repeats")}
 SPREAD_RULE = "gap"         # what a study's first stored confirmation round stamps (store/repository.py)
 OLD_SPREAD_RULE = "range"   # a study with rounds stored before the stamp existed
 
@@ -98,7 +100,7 @@ def relative_spread(values: Sequence[float], rule: str = OLD_SPREAD_RULE) -> flo
 
 def spread_rule(study: StudyRecord) -> str:
     """The study's stamped rule; unstamped means its rounds (if any) were stored under the range."""
-    return getattr(study, "spread_rule", None) or OLD_SPREAD_RULE
+    return study.spread_rule or OLD_SPREAD_RULE
 
 
 @dataclass
@@ -126,8 +128,7 @@ class ObjectiveVerdict:
             return f"{self.objective}: too few paired rounds for an interval"
         iv = self.interval
         word = ("better" if self.better else "worse") if self.beyond_noise else "no gain beyond noise"
-        spread = (f", spread {self.spread:.1%} ({'median gap' if self.rule == 'gap' else self.rule})"
-                  if self.spread is not None else "")
+        spread = f", spread {self.spread:.1%} ({SPREAD_RULES[self.rule][0]})" if self.spread is not None else ""
         why = []
         if self.leaning():
             why.append(f"every round {'above' if iv.each[0] > 1 else 'below'} 1: x{iv.each[0]:.3f}-x{iv.each[1]:.3f}")

@@ -18,6 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from autotune.errors import UserError                   # noqa: E402
 from autotune.store.queries import wall_s               # noqa: E402
 from autotune.store.repository import ResultStore       # noqa: E402
 from autotune.tuner.confirm import expected_repeat_s    # noqa: E402
@@ -49,9 +50,14 @@ def main(paths: list[str]) -> int:
         print(__doc__.strip().splitlines()[-1].strip(), file=sys.stderr)
         return 2
     ratios = []
+    try:
+        replays = [replay(path) for path in paths]
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     print(f"{'study':34} {'round':>5} {'repeats':>7} {'estimate s':>10} {'actual s':>9} {'est/actual':>10}")
-    for path in paths:
-        for name, number, n, est, act in replay(path):
+    for rounds in replays:
+        for name, number, n, est, act in rounds:
             ratio = est / act if act else float("nan")
             ratios.append(ratio)
             print(f"{name:34} {number + 1:>5} {n:>7} {est:>10.0f} {act:>9.0f} {ratio:>10.2f}")

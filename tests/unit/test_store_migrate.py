@@ -3,12 +3,14 @@ H200 study (benchmarks/gpu/) gains the new column and table on open, and reads a
 
 from __future__ import annotations
 
+import gzip
 import shutil
 import sqlite3
 from pathlib import Path
 
 from autotune.store.migrate import migrate
 from autotune.store.repository import ResultStore
+from autotune.tuner.verdict import spread_rule, summarize_confirmations
 from autotune.tuner.winner import export_choice
 
 OLD_DB = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu" / "h200-llama8b.db"
@@ -31,8 +33,6 @@ def test_the_committed_h200_study_opens_and_gains_the_new_column(tmp_path: Path)
 
 
 def test_every_committed_study_database_opens_with_show_and_export(tmp_path: Path) -> None:
-    from autotune.store.repository import ResultStore
-
     dbs = sorted(OLD_DB.parent.rglob("*.db"))
     assert len(dbs) >= 2
     for i, src in enumerate(dbs):
@@ -49,10 +49,6 @@ def test_every_committed_study_database_opens_with_show_and_export(tmp_path: Pat
 def test_the_h100_decode_study_opens_unstamped_and_keeps_the_range_verdict(tmp_path: Path) -> None:
     """Its rounds were stored before the spread rule was stamped: opened by this autotune it gains the
     column, reads as the range, and gives the four-round verdict RESULTS.md quotes, not the gap rule's."""
-    import gzip
-
-    from autotune.tuner.verdict import spread_rule, summarize_confirmations
-
     db = tmp_path / "decode.db"
     with gzip.open(OLD_DB.parent / "knobs" / "h100-decode.db.gz") as src, open(db, "wb") as out:
         shutil.copyfileobj(src, out)

@@ -59,6 +59,12 @@ def _asked(lines: list[str]) -> set[int]:
             if (m := re.match(r"\[trial (\d+)\] (baseline|search|enqueued|warm_start):", line))}
 
 
+def _duplicates(lines: list[str]) -> dict[int, int]:
+    """Trials settled without a launch because an earlier trial ran the same flags: {trial: earlier}."""
+    return {int(m[1]): int(m[2]) for line in lines
+            if (m := re.match(r"\[trial (\d+)\] duplicate: .*same flags as trial (\d+): not run again", line))}
+
+
 def _sim_servers(pid: int) -> list[psutil.Process]:
     try:
         return [p for p in psutil.Process(pid).children(recursive=True) if "sim-serve" in " ".join(p.cmdline())]
@@ -174,7 +180,13 @@ def test_two_daemons_share_one_study_and_survive_a_sigkill(postgres_url: str, en
     assert not lost_on_a & (_asked(b.lines) | _started(b.lines)) and lost_on_a & _started(a.lines)
     assert sorted(int(v) for _, v in requeued) == sorted(lost_on_a)            # each re-queued once
     rerun = {n for n, _ in requeued}
-    assert all(optuna_states[n] == "COMPLETE" for n in rerun) and rerun <= _started(b.lines)
+    # a re-queued trial is run by B, or settled by B without a launch when a trial that finished
+    # meanwhile had run its flags (the sampler may propose a RUNNING trial's point again: seen in CI)
+    dup_b = _duplicates(b.lines)
+    assert all(optuna_states[n] == "COMPLETE" for n in rerun)
+    assert rerun <= _started(b.lines) | set(dup_b), "\n".join(
+        line for line in b.lines if any(f"trial {n}]" in line for n in rerun - _started(b.lines)))
+    assert all(optuna_states[dup_b[n]] == "COMPLETE" and dup_b[n] not in lost_on_a for n in rerun & set(dup_b))
     # no trial failed while its owner lived: the only FAILed trials are the ones A held when killed
     assert {n for n, s in optuna_states.items() if s == "FAIL"} == lost_on_a
     # every other trial of host-a is one A took and whose evidence A saved (a final state, COMPLETE in

@@ -151,8 +151,9 @@ ablate_decode() {   # ablate_decode DEADLINE CARD: `autotune ablate` of the deco
 watch() {   # watch TAG: until the chain is done or this call is nearly out of time, then into $OUT a
   # consistent copy of every study DB (sqlite's backup, the run may be writing; gzipped, because a raw DB
   # of 12 decode trials, 19.9 MB, was over what a call brings back), show, the logs
+  # TAIL: the seconds kept for the copies (75; a short lease with one small DB can keep fewer)
   local db study
-  until [ -f "$D/chain.done" ] || [ "$(left)" -lt 75 ]; do sleep 5; done
+  until [ -f "$D/chain.done" ] || [ "$(left)" -lt "${TAIL:-75}" ]; do sleep 5; done
   cat "$D/chain.log"
   for db in "$D"/*.db; do
     study=$(basename "$db" .db)

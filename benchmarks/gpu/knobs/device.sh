@@ -113,7 +113,7 @@ chain() {   # chain DEADLINE STUDY...|auto: each study in turn (its trials, then
     t=$(( deadline - $(date +%s) )) need=200
     # a study not begun has no trial times for the run to judge by, and its first trial, the baseline,
     # searches from one stream (380 s on the H100 decode study): begun in less, it would be cut
-    [ -f "$db" ] || need=600
+    [ -f "$db" ] || need=${NEED_NEW:-600}     # NEED_NEW: less, where the lease holds one baseline only
     if [ "$t" -lt "$need" ]; then echo "$(date +%T) $name: not started, ${t} s left"; continue; fi
     echo "$(date +%T) $name with --timeout ${t}s"
     python3 -m autotune run --study "studies/h200-knobs-$study.yaml" --study-name "$name" \

@@ -114,8 +114,9 @@ def _relay(job: Job, lock: threading.Lock) -> None:
 def _start(job: Job, lock: threading.Lock, t0: float) -> None:
     # bytecode writing on (an empty PYTHONDONTWRITEBYTECODE is off): where the environment turns it off
     # (container images do), each autotune process the suite starts (CLIs, daemons, trial workers)
-    # compiles the package from source again, 0.8 s of a 3 s import here. A whole simulator job gained
-    # 4-12 % CPU time, about this box's noise (docs/TESTING.md, session 36). git ignores __pycache__.
+    # compiles the package from source again, 0.8 s of a 3 s import here. A whole simulator job saved
+    # -1 to 12 % CPU time per pair of runs, within this box's noise (docs/TESTING.md, session 36).
+    # git ignores __pycache__.
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": ""}
     job.proc = subprocess.Popen([sys.executable, "-m", "pytest", *job.args], stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)

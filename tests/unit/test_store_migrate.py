@@ -16,6 +16,12 @@ from autotune.tuner.winner import export_choice
 OLD_DB = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu" / "h200-llama8b.db"
 
 
+def _copy(src: Path, db: Path) -> None:
+    """A committed study DB copied out to `db`, unzipped where it is committed gzipped."""
+    with (gzip.open(src) if src.suffix == ".gz" else open(src, "rb")) as fin, open(db, "wb") as out:
+        shutil.copyfileobj(fin, out)
+
+
 def test_the_committed_h200_study_opens_and_gains_the_new_column(tmp_path: Path) -> None:
     db = tmp_path / "old.db"
     shutil.copy(OLD_DB, db)
@@ -38,8 +44,7 @@ def test_every_committed_study_database_opens_with_show_and_export(tmp_path: Pat
     assert len(dbs) >= 2 and any(src.suffix == ".gz" for src in dbs)
     for i, src in enumerate(dbs):
         db = tmp_path / f"{i}.db"
-        with (gzip.open(src) if src.suffix == ".gz" else open(src, "rb")) as fin, open(db, "wb") as out:
-            shutil.copyfileobj(fin, out)
+        _copy(src, db)
         store = ResultStore(f"sqlite:///{db}", create=False)
         names = store.study_names()
         assert names, src
@@ -54,8 +59,7 @@ def test_the_h100_decode_study_opens_unstamped_and_keeps_the_range_verdict(tmp_p
     """Its rounds were stored before the spread rule was stamped: opened by this autotune it gains the
     column, reads as the range, and gives the four-round verdict RESULTS.md quotes, not the gap rule's."""
     db = tmp_path / "decode.db"
-    with gzip.open(OLD_DB.parent / "knobs" / "h100-decode.db.gz") as src, open(db, "wb") as out:
-        shutil.copyfileobj(src, out)
+    _copy(OLD_DB.parent / "knobs" / "h100-decode.db.gz", db)
     store = ResultStore(f"sqlite:///{db}", create=False)
     study = store.resolve_study(None)
     assert study.spread_rule is None and spread_rule(study) == "range"

@@ -146,9 +146,11 @@ def plan_rounds(spec: StudySpec, store: ResultStore, study: StudyRecord, *, top_
                     for r, held in left if len(held) < len(configs))
     say(f"confirmation: {names} x {repeats} rounds on fresh servers ({len(todo)} repeat(s) to run{short})")
     if cut:
+        instead = (f"round(s) {', '.join(str(r + 1) for r, _ in left)} run instead" if left
+                   else "later rounds replaced it")     # every replacement already ran: no empty list
         say(f"confirmation: round(s) {', '.join(str(r + 1) for r in cut)} cut in an earlier run, not finished "
-            f"in this one (the pairs would span two runs): round(s) {', '.join(str(r + 1) for r, _ in left)} "
-            f"run instead; a cut round's repeats still count as repeats, its pairs of one run as pairs")
+            f"in this one (the pairs would span two runs): {instead}; a cut round's repeats still count as "
+            f"repeats, its pairs of one run as pairs")
     if picks.costless:
         say(f"confirmation: {picks.costless}")
     if picks.extras:

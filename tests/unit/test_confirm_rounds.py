@@ -136,6 +136,12 @@ def test_a_round_cut_in_an_earlier_run_is_replaced_not_finished(tmp_path: Path) 
         (0, True, "2 of 3 repeats so far"), (1, True, "2 of 3 rounds paired with the baseline so far"),
         (2, True, "2 of 3 rounds paired with the baseline so far")]
     assert confirm.rounds_to_run(trials, store.confirmations(study.id), 3) == ([(3, trials)], [1])
+    for pos, t in enumerate(trials):
+        store.save_confirmation(study_id=study.id, trial_id=t.id, round=3, position=pos, seed=1, state="ok",
+                                objectives=objectives, constraints={})
+    said.clear()      # all done: the cut round is still named, with no empty list of rounds run instead
+    assert confirm.plan_rounds(spec, store, study, top_k=2, repeats=3, say=said.append) == []
+    assert any("round(s) 2 cut in an earlier run" in s and "later rounds replaced it" in s for s in said), said
 
 
 def test_a_configuration_joining_late_keeps_the_rounds_the_others_finished(tmp_path: Path) -> None:

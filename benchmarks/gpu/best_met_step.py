@@ -18,6 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from autotune.errors import UserError                                  # noqa: E402
+from autotune.report.confirmed import met_steps                         # noqa: E402
 from autotune.store.models import ConfirmationRecord                   # noqa: E402
 from autotune.store.repository import ResultStore                      # noqa: E402
 from autotune.tuner.verdict import objective_verdict, spread_rule      # noqa: E402
@@ -27,10 +28,7 @@ OBJECTIVE = "capacity_tps"
 
 def best_met(row: ConfirmationRecord) -> float | None:
     """The best steady throughput over the repeat's steps that met the SLO (None: no step met it)."""
-    met = [s.get("steady_output_throughput") or s.get("output_throughput")
-           for s in (row.capacity or {}).get("steps", []) if s.get("slo_met")]
-    met = [x for x in met if x]
-    return max(met) if met else None
+    return max((tps for _, tps in met_steps(row.capacity)), default=None)
 
 
 def verdicts(path: str) -> list[str]:

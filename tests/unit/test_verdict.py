@@ -433,3 +433,29 @@ def test_a_verdict_says_which_rounds_paired_repeats_run_hours_apart():
         r.started_at = t0 + dt.timedelta(seconds=300 * r.round + (60 if r.trial_id == cand.id else 0))
     shown = confirmation_lines(s, [base, cand], summarize_confirmations(s, [base, cand], rows))
     assert not any("pairs run apart" in x for x in shown)
+
+
+def test_a_repeat_faster_at_a_lower_met_load_is_said_beside_the_load_it_is_read_at():
+    """The H100 decode study's defaults, round 6: 12,318 tok/s at 128 streams and 10,649 at 216, both within
+    the SLO; capacity_tps is read at 216. A repeat within the noise floor (+4 %) is not counted."""
+    from autotune.report.confirmed import met_steps, peak_text
+
+    def steps(*xs):
+        return [{"load": load, "slo_met": met, "steady_output_throughput": tps} for load, met, tps in xs]
+
+    s = _study()
+    base = _trial(0, "baseline", cap=343, tps=16636)
+    rows = _rows(base, [(10649, 19.0), (14847, 18.5), (15085, 17.6)], caps=[216, 266, 289])
+    rows[0].capacity["steps"] = steps((343, False, None), (128, True, 12318), (181, True, 11235), (216, True, 10649),
+                                      (236, False, None))
+    rows[1].capacity["steps"] = steps((257, True, 15400), (266, True, 14847), (300, False, None))   # +3.7 %
+    rows[2].capacity["steps"] = steps((289, True, 15085))
+    assert met_steps(rows[0].capacity) == [(128.0, 12318.0), (181.0, 11235.0), (216.0, 10649.0)]
+    assert met_steps(None) == [] and met_steps({"capacity": 5}) == []
+    confirmed = summarize_confirmations(s, [base], rows)
+    assert peak_text(confirmed[0]) == ("output tok/s higher at a lower met load in 1 of 3 repeat(s) (at most 1.232e+04 "
+                                       "at load 128 against 1.065e+04 at 216, the highest met load, where it is read)")
+    line = next(x for x in confirmation_lines(s, [base], confirmed) if x.startswith("  #0 (baseline)"))
+    assert "(median 266, spread 27%); output tok/s higher at a lower met load in 1 of 3" in line
+    rows[0].capacity["steps"] = steps((216, True, 10649))
+    assert peak_text(summarize_confirmations(s, [base], rows)[0]) == ""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import statistics
 from typing import Any, Sequence
 
+from autotune.bench.metrics import capacity_tps
 from autotune.store.models import StudyRecord, TrialRecord
 from autotune.store.repository import ResultStore
 from autotune.tuner.verdict import (MIN_ROUNDS, NOISE_FLOOR, OLD_SPREAD_RULE, SPREAD_RULES, Confirmed,
@@ -68,7 +69,7 @@ def met_steps(capacity: dict[str, Any] | None) -> list[tuple[float, float]]:
     """(load, steady output tok/s) of every step of a capacity search that met the SLO, in search order."""
     out = []
     for step in (capacity or {}).get("steps", []):
-        tps = step.get("steady_output_throughput") or step.get("output_throughput")
+        tps = capacity_tps(step)       # the fully-loaded window where the step has one, as the objective
         if step.get("slo_met") and tps and step.get("load") is not None:
             out.append((float(step["load"]), float(tps)))
     return out

@@ -92,7 +92,10 @@ class Daemon:
         try:
             while not self.stop.is_set():
                 self._poll()
-                if not worker.is_alive():   # a bug in the scheduler: say so, do not idle forever
+                # a bug in the scheduler: say so, do not idle forever. Not when a signal set `stop` during
+                # the poll: the scheduler returns on it at once, and this loop would have read that exit as
+                # a crash (CI: a SIGTERM after the study was done ended the daemon with 1)
+                if not worker.is_alive() and not self.stop.is_set():
                     self.say("the scheduler stopped unexpectedly; exiting")
                     return 1
                 self.stop.wait(self.poll_s)

@@ -4,7 +4,9 @@ this), decided by the confirmation's verdict once there is one.
 Among the configurations that survived their repeats (tuner/verdict.py), the export is the best
 confirmed median on the study's first objective whose paired verdict against the baseline on that
 objective is not "worse" (beyond noise and in the bad direction); the baseline itself is one of them,
-so when no candidate beats it the defaults are exported, with the verdict that says why. Where the study
+so when no candidate beats it the defaults are exported, with the verdict that says why. A candidate
+within the noise floor of that median, as good by the verdict and with fewer flags, is exported in its
+place, and the line says so (`_simplest_alike`). Where the study
 opted into quality knobs, a configuration that changes output quality may win (its export says so and
 names the knobs); `output_preserving` leaves those out. Nothing is exported only when the baseline did
 not survive its own repeats and no candidate qualifies. Without confirmations, the best feasible trial
@@ -23,8 +25,9 @@ from typing import Sequence
 
 from autotune.store.models import ConfirmationRecord, StudyRecord, TrialRecord
 from autotune.store.queries import best_trial
-from autotune.tuner.verdict import (Confirmed, first_key, first_run_costs, flags_of, quality_changing,
-                                    summarize_confirmations)
+from autotune.telemetry.summary import summary_from_store
+from autotune.tuner.verdict import (NOISE_FLOOR, Confirmed, first_key, first_run_costs, flags_of,
+                                    quality_changing, summarize_confirmations)
 
 
 @dataclass
@@ -88,6 +91,8 @@ def _by_verdict(study: StudyRecord, confirmed: dict[int, Confirmed], baseline: T
         return ExportChoice(None, None, f"{base_why} and no {kind}candidate qualifies: "
                                         + ("; ".join(_standing(c, base, name) for c in candidates) or "none confirmed"))
     best = min(pool, key=lambda c: (first_key(study, c.medians), c is not base))   # a tie: the defaults
+    top = best
+    best, passed = _simplest_alike(study, top, eligible, name)
     if best is base:
         notes = ([f"no {kind}candidate beat it after confirmation: "
                   + "; ".join(_standing(c, base, name) for c in candidates)] if candidates
@@ -99,8 +104,82 @@ def _by_verdict(study: StudyRecord, confirmed: dict[int, Confirmed], baseline: T
             if v is not None and v.interval is not None else ", no paired verdict against the baseline")
     costs = [w.text() for w in best.verdicts if w.objective != name and w.worse]
     said += f"; at a cost: {'; '.join(costs)}" if costs else ""
+    if best is not top:
+        return ExportChoice(best.trial, best, f"trial {best.trial.number}: {kind}median on {name} over "
+                                              f"{len(best.rows)} repeats within {NOISE_FLOOR:.0%} of the best "
+                                              f"(#{top.trial.number}, x{_ratio(best, top, name):.3f}) with "
+                                              f"{flag_count(best.trial)} flags against {flag_count(top.trial)}: "
+                                              f"the simpler configuration{said}")
+    said += f"; {passed}" if passed else ""
     return ExportChoice(best.trial, best, f"trial {best.trial.number}: best confirmed {kind}median on {name} over "
                                           f"{len(best.rows)} repeats{said}")
+
+
+def flag_count(trial: TrialRecord) -> int:
+    """How many vLLM options a trial sets beyond the fixed ones (`--x 1` and `--x=1` count once)."""
+    return sum(1 for f in trial.flags or [] if f.startswith("--"))
+
+
+def _ratio(c: Confirmed, top: Confirmed, name: str) -> float:
+    return c.medians[name] / top.medians[name] if top.medians.get(name) else 1.0
+
+
+def _low_headroom(study: StudyRecord, trial: TrialRecord) -> bool:
+    """The first run's peak memory left less free than the study's headroom margin (what `show` marks
+    LOW HEADROOM): a deploy closer to an out-of-memory error than the study asked for."""
+    margin = ((study.spec or {}).get("telemetry") or {}).get("headroom_margin")
+    if margin is None or not trial.telemetry:
+        return False
+    free = summary_from_store(trial.telemetry).mem_headroom
+    return free is not None and free < margin
+
+
+def _simplest_alike(study: StudyRecord, top: Confirmed, eligible: Sequence[Confirmed],
+                    name: str) -> tuple[Confirmed, str]:
+    """Among the candidates as good as `top` on the first objective, the one with the fewest flags, and
+    (when none is) why each simpler one near it is not.
+
+    Why: a median inside the noise floor of the best is not measurably worse, and every extra flag is
+    one more thing to carry into a deploy, to break on an upgrade, and to explain. On the H100 decode
+    study the best median (#4, eleven flags) was 0.5 % above #1 (two flags), both "better" against the
+    defaults with the same interval to the third digit. "As good" means: the median within NOISE_FLOOR,
+    the same verdict against the baseline on the first objective, no cost (a "worse" verdict on another
+    objective) that `top` does not pay, no peak memory inside the study's headroom margin unless `top`'s
+    was too (the H100 decode study's #1 peaked at 1.8 % free against a 3 % margin, #4 at 3.6 %: #4
+    stays), and no quality knob changed unless `top` changes one too. Only
+    candidates compete: the defaults still win only an exact tie (the verdict said no candidate beat them)."""
+    if top not in eligible or name not in top.medians:
+        return top, ""
+    direction = dict((n, d) for n, d in study.objectives)[name]
+    margin = ((study.spec or {}).get("telemetry") or {}).get("headroom_margin")
+
+    def unlike(c: Confirmed) -> str | None:
+        """None: as good; else why not ("" for no contender: as many flags, outside the floor, weaker)."""
+        if c is top or name not in c.medians or flag_count(c.trial) >= flag_count(top.trial):
+            return ""
+        r = _ratio(c, top, name)
+        if (r < 1 - NOISE_FLOOR) if direction == "maximize" else (r > 1 + NOISE_FLOOR):
+            return ""
+        v, w = c.verdict(name), top.verdict(name)
+        if (v is not None and v.better) != (w is not None and w.better):
+            return ""
+        top_costs = {x.objective for x in top.verdicts if x.worse}
+        costs = [x.objective for x in c.verdicts if x.worse and x.objective not in top_costs]
+        if costs:
+            return f"it is worse on {', '.join(costs)}"
+        if _low_headroom(study, c.trial) and not _low_headroom(study, top.trial):
+            return f"its first run's peak memory left less than the {margin:.0%} headroom margin"
+        if c.quality_changing and not top.quality_changing:
+            return f"it changes output quality ({', '.join(c.quality)})"
+        return None
+
+    why_not = {c.trial.number: unlike(c) for c in eligible}
+    alikes = [c for c in eligible if why_not[c.trial.number] is None]
+    if alikes:
+        return min(alikes, key=lambda c: (flag_count(c.trial), first_key(study, c.medians))), ""
+    passed = "; ".join(f"#{n} sets fewer flags within {NOISE_FLOOR:.0%} of its median but {w}"
+                       for n, w in sorted(why_not.items()) if w)
+    return top, passed
 
 
 def baseline_words(trial: TrialRecord) -> str:

@@ -53,8 +53,8 @@ def _telemetry_line(study: StudyRecord, t: TrialRecord) -> str:
     if not t.telemetry:
         return ""
     from autotune.telemetry import format_summary
-    margin = ((study.spec or {}).get("telemetry") or {}).get("headroom_margin")
-    return format_summary(t.telemetry, margin=margin)
+    from autotune.telemetry.summary import spec_margin
+    return format_summary(t.telemetry, margin=spec_margin(study.spec))
 
 
 def placement_line(t: TrialRecord) -> str:

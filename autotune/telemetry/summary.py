@@ -52,6 +52,11 @@ def headroom_violation(summary: TelemetrySummary, margin: float) -> float | None
     return None if headroom is None else margin - headroom
 
 
+def spec_margin(spec: Mapping[str, Any] | None) -> float | None:
+    """The headroom margin a stored study's spec asked for (`telemetry.headroom_margin`), None if unset."""
+    return ((spec or {}).get("telemetry") or {}).get("headroom_margin")
+
+
 def summary_for_store(summary: TelemetrySummary) -> dict[str, Any]:
     """The summary as a JSON-able dict, without the raw series (that goes to `series_for_store`)."""
     d = dataclasses.asdict(summary)

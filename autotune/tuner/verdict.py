@@ -365,9 +365,14 @@ def first_run_costs(study: StudyRecord, trial: TrialRecord, baseline: TrialRecor
         if not a or not b or a <= 0 or b <= 0:
             continue
         ratio = b / a
-        if (ratio < 1 - NOISE_FLOOR) if direction == "maximize" else (ratio > 1 + NOISE_FLOOR):
+        if worse_beyond_floor(ratio, direction):
             out.append(f"{name} {b:.4g} against the baseline's {a:.4g} (x{ratio:.3g})")
     return out
+
+
+def worse_beyond_floor(ratio: float, direction: str) -> bool:
+    """`ratio` (one value over a reference) is worse than the reference by more than NOISE_FLOOR."""
+    return ratio < 1 - NOISE_FLOOR if direction == "maximize" else ratio > 1 + NOISE_FLOOR
 
 
 def first_key(study: StudyRecord, values: dict[str, float]) -> float:

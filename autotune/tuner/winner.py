@@ -25,9 +25,9 @@ from typing import Sequence
 
 from autotune.store.models import ConfirmationRecord, StudyRecord, TrialRecord
 from autotune.store.queries import best_trial
-from autotune.telemetry.summary import summary_from_store
+from autotune.telemetry.summary import headroom_violation, spec_margin, summary_from_store
 from autotune.tuner.verdict import (NOISE_FLOOR, Confirmed, first_key, first_run_costs, flags_of,
-                                    quality_changing, summarize_confirmations)
+                                    quality_changing, summarize_confirmations, worse_beyond_floor)
 
 
 @dataclass
@@ -127,11 +127,11 @@ def _ratio(c: Confirmed, top: Confirmed, name: str) -> float:
 def _low_headroom(study: StudyRecord, trial: TrialRecord) -> bool:
     """The first run's peak memory left less free than the study's headroom margin (what `show` marks
     LOW HEADROOM): a deploy closer to an out-of-memory error than the study asked for."""
-    margin = ((study.spec or {}).get("telemetry") or {}).get("headroom_margin")
+    margin = spec_margin(study.spec)
     if margin is None or not trial.telemetry:
         return False
-    free = summary_from_store(trial.telemetry).mem_headroom
-    return free is not None and free < margin
+    over = headroom_violation(summary_from_store(trial.telemetry), margin)
+    return over is not None and over > 0
 
 
 def _simplest_alike(study: StudyRecord, top: Confirmed, eligible: Sequence[Confirmed],
@@ -146,19 +146,17 @@ def _simplest_alike(study: StudyRecord, top: Confirmed, eligible: Sequence[Confi
     the same verdict against the baseline on the first objective, no cost (a "worse" verdict on another
     objective) that `top` does not pay, no peak memory inside the study's headroom margin unless `top`'s
     was too (the H100 decode study's #1 peaked at 1.8 % free against a 3 % margin, #4 at 3.6 %: #4
-    stays), and no quality knob changed unless `top` changes one too. Only
-    candidates compete: the defaults still win only an exact tie (the verdict said no candidate beat them)."""
+    stays), and no quality knob changed unless `top` changes one too. Only candidates compete: the
+    defaults still win only an exact tie (the verdict said no candidate beat them)."""
     if top not in eligible or name not in top.medians:
         return top, ""
-    direction = dict((n, d) for n, d in study.objectives)[name]
-    margin = ((study.spec or {}).get("telemetry") or {}).get("headroom_margin")
+    direction = study.objectives[0][1]      # `name` is the first objective
 
     def unlike(c: Confirmed) -> str | None:
         """None: as good; else why not ("" for no contender: as many flags, outside the floor, weaker)."""
         if c is top or name not in c.medians or flag_count(c.trial) >= flag_count(top.trial):
             return ""
-        r = _ratio(c, top, name)
-        if (r < 1 - NOISE_FLOOR) if direction == "maximize" else (r > 1 + NOISE_FLOOR):
+        if worse_beyond_floor(_ratio(c, top, name), direction):
             return ""
         v, w = c.verdict(name), top.verdict(name)
         if (v is not None and v.better) != (w is not None and w.better):
@@ -168,7 +166,7 @@ def _simplest_alike(study: StudyRecord, top: Confirmed, eligible: Sequence[Confi
         if costs:
             return f"it is worse on {', '.join(costs)}"
         if _low_headroom(study, c.trial) and not _low_headroom(study, top.trial):
-            return f"its first run's peak memory left less than the {margin:.0%} headroom margin"
+            return f"its first run's peak memory left less than the {spec_margin(study.spec):.0%} headroom margin"
         if c.quality_changing and not top.quality_changing:
             return f"it changes output quality ({', '.join(c.quality)})"
         return None

@@ -11,6 +11,7 @@ from autotune.store.repository import ResultStore
 from autotune.tuner.verdict import (MIN_ROUNDS, NOISE_FLOOR, OLD_SPREAD_RULE, SPREAD_RULES, Confirmed,
                                     ObjectiveVerdict, first_bracket, objective_verdict, relative_spread,
                                     spread_rule, summarize_confirmations)
+from autotune.telemetry.summary import spec_margin
 from autotune.tuner.winner import ExportChoice, baseline_words
 
 NOT_CONFIRMED = "not confirmed"
@@ -98,6 +99,19 @@ def peak_text(c: Confirmed) -> str:
     return (f"output tok/s higher at a lower met load in {len(fell)} of {len(c.rows)} repeat(s) (at most "
             f"{best[1]:.4g} at load {best[0]:g} against {top[1]:.4g} at {top[0]:g}, the highest met load, where "
             f"it is read)")
+
+
+def memory_text(study: StudyRecord, c: Confirmed) -> str:
+    """The least free memory at peak over the first run and the repeats that measured it, and which run:
+    the first run's line above is one server start, and a deploy lives with the worst of them. Said only
+    where repeats measured memory (rows stored before they carried telemetry have none)."""
+    least = c.least_headroom()
+    if least is None or least[2] < 2:
+        return ""
+    free, which, runs = least
+    margin = spec_margin(study.spec)
+    low = f"; LOW HEADROOM, margin {margin:.0%}" if margin is not None and free < margin else ""
+    return f"peak memory over {runs} runs: least free {100 * free:.1f}% ({which}{low})"
 
 
 def pairs_apart(c: Confirmed, base: Confirmed) -> str:
@@ -188,7 +202,7 @@ def confirmation_lines(study: StudyRecord, trials: Sequence[TrialRecord], confir
                    if c.quality else "")
         where = placement(c.rows)
         facts = "; ".join(x for x in (_medians(study, c) or "nothing measured", _first_vs_median(study, c),
-                                      load_text(c), peak_text(c), f"ran on {where}" if where else "") if x)
+                                      load_text(c), peak_text(c), memory_text(study, c), f"ran on {where}" if where else "") if x)
         lines.append(f"  #{n} ({c.trial.role}{quality}): {len(c.rows)} repeat(s): {facts}; {state}")
     for t, why in left_out[:SHOWN_LEFT_OUT]:
         lines.append(f"  #{t.number} left out of the confirmation: {why}")

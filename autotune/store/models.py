@@ -119,6 +119,8 @@ class ConfirmationRecord(Base):
     lease: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)   # the after-budget job's lease
     started_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
     finished_at: Mapped[dt.datetime | None] = mapped_column(DateTime, nullable=True)
+    # TelemetrySummary sans series, as for a trial: a repeat's peak memory weighs like the first run's
+    telemetry: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
 
 
 class SeriesRecord(Base):

@@ -35,6 +35,7 @@ from autotune.spec import StudySpec
 from autotune.store.models import ConfirmationRecord, StudyRecord, TrialRecord, utcnow
 from autotune.store.queries import is_feasible, wall_s
 from autotune.store.repository import ResultStore
+from autotune.telemetry.summary import summary_for_store
 from autotune.tuner.objectives import measured_constraints, pick
 from autotune.tuner.picks import Picks, pick_candidates
 from autotune.tuner.trial import TrialOutcome, TrialRunner
@@ -296,4 +297,5 @@ def _row(spec: StudySpec, outcome: TrialOutcome) -> dict:
         constraints = {k: (v if math.isfinite(v) else 1e9) for k, v in constraints.items()}
     return dict(state=state, cause=cause, detail=outcome.detail, objectives=objectives, constraints=constraints,
                 capacity=outcome.capacity, measurement_flags=list(outcome.flags),
-                simulated=bool(outcome.startup and outcome.startup.simulated), log_path=outcome.log_path)
+                simulated=bool(outcome.startup and outcome.startup.simulated), log_path=outcome.log_path,
+                telemetry=summary_for_store(outcome.telemetry) if outcome.telemetry else None)

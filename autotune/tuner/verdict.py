@@ -32,6 +32,7 @@ from typing import Any, Sequence
 
 from autotune.store.models import ConfirmationRecord, StudyRecord, TrialRecord
 from autotune.store.queries import _dominates
+from autotune.telemetry.summary import summary_from_store
 
 MIN_ROUNDS = 3
 # two-sided 95 % Student t quantiles, degrees of freedom 1..30
@@ -202,6 +203,19 @@ class Confirmed:
     def quality_changing(self) -> bool:
         return bool(self.quality)
 
+    def least_headroom(self) -> tuple[float, str, int] | None:
+        """The least free memory fraction any of its runs left at peak, which run that was ("first
+        run", "round-N repeat"), and how many runs measured memory; None when none did. The
+        worst run, not the median: an out-of-memory error in a deploy needs one bad moment. Repeats
+        stored before they carried telemetry leave only the first run."""
+        runs = [("first run", self.trial.telemetry)]
+        runs += [(f"round-{r.round + 1} repeat", r.telemetry) for r in self.rows if r.state != "failed"]
+        free = [(h, which) for which, tel in runs if tel and (h := summary_from_store(tel).mem_headroom) is not None]
+        if not free:
+            return None
+        h, which = min(free, key=lambda x: x[0])
+        return h, which, len(free)
+
     def first_run(self, name: str) -> float | None:
         """The first run's value of objective `name` (what Optuna was told)."""
         v = (self.trial.objectives or {}).get(name)
@@ -224,13 +238,14 @@ class Confirmed:
         return next((v for v in self.verdicts if v.objective == name), None)
 
     def to_json(self) -> dict[str, Any]:
-        first = {n: self.first_run(n) for n in self.medians}
+        first, least = {n: self.first_run(n) for n in self.medians}, self.least_headroom()
         return {"trial": self.trial.number, "repeats": len(self.rows), "medians": self.medians,
                 "spreads": self.spreads, "first_run": first,
                 "reproduced": {n: self.reproduced(n) for n in self.medians},
                 "first_run_bracket": list(first_bracket(self.trial) or ()) or None, "loads": self.loads(),
                 "survives": self.survives, "why_not": self.why_not or None,
                 "quality_changing": self.quality_changing, "quality": self.quality,
+                "least_headroom": dict(zip(("free", "run", "runs"), least)) if least else None,
                 "verdict": [{"objective": v.objective, "ratio": v.interval.ratio if v.interval else None,
                              "low": v.interval.low if v.interval else None,
                              "high": v.interval.high if v.interval else None,

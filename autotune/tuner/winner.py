@@ -25,7 +25,7 @@ from typing import Sequence
 
 from autotune.store.models import ConfirmationRecord, StudyRecord, TrialRecord
 from autotune.store.queries import best_trial
-from autotune.telemetry.summary import headroom_violation, spec_margin, summary_from_store
+from autotune.telemetry.summary import spec_margin
 from autotune.tuner.verdict import (NOISE_FLOOR, Confirmed, first_key, first_run_costs, flags_of,
                                     quality_changing, summarize_confirmations, worse_beyond_floor)
 
@@ -124,14 +124,14 @@ def _ratio(c: Confirmed, top: Confirmed, name: str) -> float:
     return c.medians[name] / top.medians[name] if top.medians.get(name) else 1.0
 
 
-def _low_headroom(study: StudyRecord, trial: TrialRecord) -> bool:
-    """The first run's peak memory left less free than the study's headroom margin (what `show` marks
-    LOW HEADROOM): a deploy closer to an out-of-memory error than the study asked for."""
-    margin = spec_margin(study.spec)
-    if margin is None or not trial.telemetry:
-        return False
-    over = headroom_violation(summary_from_store(trial.telemetry), margin)
-    return over is not None and over > 0
+def _low_headroom(study: StudyRecord, c: Confirmed) -> str | None:
+    """Which of its runs left less free memory at peak than the study's headroom margin (what `show`
+    marks LOW HEADROOM), None if none did: a deploy closer to an out-of-memory error than the study
+    asked for. Every run that measured memory counts, the first and the repeats."""
+    margin, least = spec_margin(study.spec), c.least_headroom()
+    if margin is None or least is None or least[0] >= margin:
+        return None
+    return least[1]
 
 
 def _simplest_alike(study: StudyRecord, top: Confirmed, eligible: Sequence[Confirmed],
@@ -165,8 +165,8 @@ def _simplest_alike(study: StudyRecord, top: Confirmed, eligible: Sequence[Confi
         costs = [x.objective for x in c.verdicts if x.worse and x.objective not in top_costs]
         if costs:
             return f"it is worse on {', '.join(costs)}"
-        if _low_headroom(study, c.trial) and not _low_headroom(study, top.trial):
-            return f"its first run's peak memory left less than the {spec_margin(study.spec):.0%} headroom margin"
+        if (run := _low_headroom(study, c)) and not _low_headroom(study, top):
+            return f"its {run}'s peak memory left less than the {spec_margin(study.spec):.0%} headroom margin"
         if c.quality_changing and not top.quality_changing:
             return f"it changes output quality ({', '.join(c.quality)})"
         return None

@@ -88,6 +88,10 @@ def test_confirm_on_the_simulator(tmp_path: Path, servers_in, sim_spec, autotune
     assert show["confirmation_to_run"] is None                 # done: nothing left to run
     text = autotune_cli("show", "--storage", url, cwd=tmp_path).stdout
     assert "4 repeat(s)" in text and "first run" in text
+    # every repeat kept its own telemetry, so memory is weighed over all five runs, not the first alone
+    assert all(json.loads(t)["source"] == "sim" for (t,) in _q(db, "select telemetry from autotune_confirmations"))
+    assert all(c["least_headroom"]["runs"] == 5 for c in show["confirmations"].values())
+    assert "peak memory over 5 runs: least free" in text
     out = tmp_path / "best.yaml"
     p = autotune_cli("export", "--storage", url, "--format", "vllm-yaml", "-o", str(out), cwd=tmp_path)
     # the simulator's repeats neither crash nor break the SLO at one stream: both stay, and the export is

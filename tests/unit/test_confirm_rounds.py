@@ -16,6 +16,7 @@ from autotune.spec import build_spec
 from autotune.store.repository import ResultStore
 from autotune.tuner import confirm
 from autotune.tuner.confirm import Round, run_round
+from autotune.telemetry.base import TelemetrySummary
 from autotune.tuner.trial import TrialOutcome
 
 OBJECTIVES = [["capacity_tps", "maximize"], ["p50_tpot_ms", "minimize"]]
@@ -33,7 +34,9 @@ class CountingRunner:
         self.ran.append(number)
         self.now += 600.0
         return TrialOutcome("ok", observed={"capacity_tps": 2000.0, "p50_tpot_ms": 12.0},
-                            metrics={"p99_ttft_ms": 500.0})
+                            metrics={"p99_ttft_ms": 500.0},
+                            telemetry=TelemetrySummary("nvml", peak_mem_used_mib=76_000.0 + number,
+                                                       mem_total_mib=81_559.0, series=[{"t": 0.0}]))
 
 
 def _setup(tmp_path: Path, count: int = 2) -> tuple[Any, ResultStore, Any, list[Any]]:
@@ -76,6 +79,9 @@ def test_a_fresh_round_that_the_deadline_would_cut_is_not_started(tmp_path: Path
     # with room for the whole round it runs, in the round's order
     result = _run(spec, store, study, runner, trials, said, left_s=1300, budget_s=8 * 3600, monkeypatch=monkeypatch)
     assert (result.done, result.pending, result.stopped_by) == (2, 0, None) and runner.ran == [0, 1]
+    # each repeat keeps its own telemetry summary (not the raw series), as a trial does
+    tel = [r.telemetry for r in store.confirmations(study.id)]
+    assert [t["peak_mem_used_mib"] for t in tel] == [76_000.0, 76_001.0] and not any("series" in t for t in tel)
 
 
 def test_a_round_another_process_began_is_finished_repeat_by_repeat(tmp_path: Path, monkeypatch) -> None:

@@ -508,3 +508,20 @@ def test_a_candidate_as_good_with_fewer_flags_is_exported_in_place_of_the_best_m
                                "median but its first run's peak memory left less than the 3% headroom margin")
     top.telemetry = {"source": "nvml", "peak_mem_used_mib": 79.0 * 1024, "mem_total_mib": 79.6 * 1024}
     assert export_choice(s, [base, top, simple], rows).trial is simple     # both inside it: no reason left
+    # the first runs both clear the margin, but a repeat of the simpler one (on a fresh server) did not:
+    # every run counts, and the line names the run
+    simple.telemetry = {"source": "nvml", "peak_mem_used_mib": 76.0 * 1024, "mem_total_mib": 79.6 * 1024}
+    top.telemetry = {"source": "nvml", "peak_mem_used_mib": 76.7 * 1024, "mem_total_mib": 79.6 * 1024}
+    assert export_choice(s, [base, top, simple], rows).trial is simple
+    rows[7].telemetry = {"source": "nvml", "peak_mem_used_mib": 78.5 * 1024, "mem_total_mib": 79.6 * 1024}
+    assert rows[7].trial_id == simple.id and rows[7].round == 1
+    assert export_choice(s, [base, top, simple], rows).why.endswith(
+        "#1 sets fewer flags within 5% of its median but its round-2 repeat's peak memory left less than the 3% "
+        "headroom margin")
+    confirmed = summarize_confirmations(s, [base, top, simple], rows)
+    assert confirmed[1].least_headroom() == (pytest.approx(1 - 78.5 / 79.6), "round-2 repeat", 2)
+    line = next(x for x in confirmation_lines(s, [base, top, simple], confirmed) if x.startswith("  #1 "))
+    assert "; peak memory over 2 runs: least free 1.4% (round-2 repeat; LOW HEADROOM, margin 3%);" in line
+    assert confirmed[0].least_headroom() is None          # the baseline measured no memory
+    assert confirmed[1].to_json()["least_headroom"] == {"free": pytest.approx(1 - 78.5 / 79.6),
+                                                        "run": "round-2 repeat", "runs": 2}

@@ -27,32 +27,54 @@ log = logging.getLogger(__name__)
 def confirm_parts(driver: StudyDriver) -> list[BudgetPart]:
     """One job per round with repeats still missing, each leasing the largest layout among the trials the
     round repeats. A round cut by --timeout sets the driver's stop reason (the exit message says to run
-    again, and no further round starts); an interrupt propagates."""
-    from autotune.tuner.confirm import plan_rounds, rounds_said, run_round, stopped_line
+    again, and no further round starts). A round refused whole (too long for the time left) lets the later
+    rounds try, since a shorter one may fit (confirm.Refusals); the last round to end then sets the stop
+    reason. An interrupt propagates."""
+    from autotune.tuner.confirm import (Refusals, plan_rounds, round_need_s, rounds_said, run_round,
+                                        stopped_line)
 
     spec = driver.spec
     rounds = plan_rounds(spec, driver.store, driver.record, top_k=spec.confirm.top_k, repeats=spec.confirm.repeats,
                          say=driver.progress.message, max_extra=spec.confirm.max_extra)
     repeats = rounds_said(rounds, spec.confirm.repeats)
     started: set[int] = set()
+    ended: set[int] = set()
+    refused = Refusals()
     lock = threading.Lock()
+
+    def stop(left: int, reason: str) -> None:
+        driver.progress.message(stopped_line(left))
+        driver.stop_reason = driver.stop_reason or reason
 
     def part(rnd_index: int) -> Callable[[Lease, Phase], None]:
         rnd = rounds[rnd_index]
 
         def run(lease: Lease, phase: Phase) -> None:
+            expected = expected_trial_s(driver.store.trial_times(driver.record.id)) or 0.0
             with lock:
                 started.add(rnd.number)
-            tagged = (lambda text: phase(f"[round {rnd.number + 1}/{repeats}] {text}")) if driver.tag_phases else phase
-            result = run_round(spec, driver.store, driver.record, driver.runner, rnd, repeats=repeats, phase=tagged,
-                               say=driver.progress.message, deadline=driver.deadline, lease=lease,
-                               expected_s=expected_trial_s(driver.store.trial_times(driver.record.id)) or 0.0,
-                               budget_s=driver.timeout_s)
-            if result.stopped_by:
-                with lock:
-                    left = result.pending + sum(len(r.repeats) for r in rounds if r.number not in started)
-                driver.progress.message(stopped_line(left))
-                driver.stop_reason = driver.stop_reason or result.stopped_by
+                hopeless = refused.hopeless(rnd, driver.store.confirmations(driver.record.id), expected)
+            if hopeless:
+                result = None
+            else:
+                tagged = ((lambda text: phase(f"[round {rnd.number + 1}/{repeats}] {text}")) if driver.tag_phases
+                          else phase)
+                result = run_round(spec, driver.store, driver.record, driver.runner, rnd, repeats=repeats,
+                                   phase=tagged, say=driver.progress.message, deadline=driver.deadline, lease=lease,
+                                   expected_s=expected, budget_s=driver.timeout_s)
+            with lock:
+                ended.add(rnd.number)
+                if result is None or result.refused:
+                    refused.add(rnd, None if result is None else
+                                round_need_s(rnd, driver.store.confirmations(driver.record.id), expected))
+                    if len(ended) == len(rounds):
+                        stop(refused.pending(), "timeout")
+                elif result.stopped_by:
+                    left = result.pending + refused.pending() + sum(len(r.repeats) for r in rounds
+                                                                    if r.number not in started)
+                    stop(left, result.stopped_by)
+                elif refused.rounds and len(ended) == len(rounds):
+                    stop(refused.pending(), "timeout")
         return run
 
     return [BudgetPart(f"confirm round {rnd.number + 1}",

@@ -106,6 +106,7 @@ class ConfirmResult:
     done: int          # repeats run by this call
     pending: int       # repeats still to run (timeout; a cut round counts whole: it runs again)
     stopped_by: str | None
+    refused: bool = False   # not started: the whole round did not fit (a later, shorter one may)
 
 
 def configs_to_confirm(study: StudyRecord, trials: Sequence[TrialRecord], rows: Sequence[ConfirmationRecord], *,
@@ -191,10 +192,8 @@ def run_round(spec: StudySpec, store: ResultStore, study: StudyRecord, runner: T
     skipped, and one it stores while this one measures is kept (theirs), not an error."""
     done = 0
     rows = store.confirmations(study.id)
-    ids = {t.id for _, t in rnd.repeats}
-    begun = any(r.round == rnd.number and r.trial_id in ids for r in rows)
     takes = [expected_repeat_s(t, rows, expected_s) for _, t in rnd.repeats]
-    if deadline is not None and sum(takes) > 0 and not begun:
+    if deadline is not None and sum(takes) > 0 and not begun(rnd, rows):
         need, left = sum(takes), deadline - time.monotonic()
         if left < need:
             whole = (f"; this run's whole time, {budget_s:.0f} s, can never hold one: give it at least "
@@ -202,7 +201,7 @@ def run_round(spec: StudySpec, store: ResultStore, study: StudyRecord, runner: T
             say(f"[confirm {rnd.number + 1}/{repeats}] round not started: its {len(rnd.repeats)} repeat(s) take "
                 f"~{need:.0f} s and {max(left, 0):.0f} s are left (a round runs whole, its pairs on one "
                 f"machine{whole})")
-            return ConfirmResult(0, len(rnd.repeats), "timeout")
+            return ConfirmResult(0, len(rnd.repeats), "timeout", refused=True)
     for n, (pos, t) in enumerate(rnd.repeats):
         if deadline is not None:
             left = deadline - time.monotonic()
@@ -254,6 +253,44 @@ def expected_repeat_s(trial: TrialRecord, rows: Sequence[ConfirmationRecord], fa
     return own if own else fallback
 
 
+def begun(rnd: Round, rows: Sequence[ConfirmationRecord]) -> bool:
+    """Some repeat of the round is stored (by this run or another process): it is finished repeat by
+    repeat, not held back for its whole time."""
+    ids = {t.id for _, t in rnd.repeats}
+    return any(r.round == rnd.number and r.trial_id in ids for r in rows)
+
+
+def round_need_s(rnd: Round, rows: Sequence[ConfirmationRecord], fallback: float) -> float:
+    return sum(expected_repeat_s(t, rows, fallback) for _, t in rnd.repeats)
+
+
+class Refusals:
+    """The rounds a deadline refused, so that a later, shorter round still runs in the time left.
+
+    Why: rounds are independent paired comparisons, each with its own seed, so their order carries no
+    meaning, and an invocation that stopped at the first round too long for its time left the rest of
+    it idle. The H100 chat study after its round 1: rounds 2 and 3 of all five configurations (~666 s
+    each), round 4 of the baseline and #3 alone (~264 s); with ~600 s left, round 4 runs. A round no
+    shorter than one already refused cannot fit (time only shrinks) and is passed over without a line."""
+
+    def __init__(self) -> None:
+        self.rounds: list[Round] = []
+        self._least: float | None = None
+
+    def add(self, rnd: Round, need_s: float | None = None) -> None:
+        """A round left for a later run; `need_s`: the time it was refused for (None: passed over)."""
+        self.rounds.append(rnd)
+        if need_s is not None:
+            self._least = need_s if self._least is None else min(self._least, need_s)
+
+    def hopeless(self, rnd: Round, rows: Sequence[ConfirmationRecord], fallback: float) -> bool:
+        return (self._least is not None and not begun(rnd, rows)
+                and round_need_s(rnd, rows, fallback) >= self._least)
+
+    def pending(self) -> int:
+        return sum(len(r.repeats) for r in self.rounds)
+
+
 def _stored(store: ResultStore, study: StudyRecord, trial: TrialRecord, round_: int) -> bool:
     return any(r.trial_id == trial.id and r.round == round_ for r in store.confirmations(study.id))
 
@@ -271,15 +308,24 @@ def confirm_study(spec: StudySpec, store: ResultStore, study: StudyRecord, runne
     hand the rounds to the scheduler as jobs instead, tuner/after_budget.py). Interrupts propagate after
     the running server is stopped."""
     rounds = plan_rounds(spec, store, study, top_k=top_k, repeats=repeats, say=say, max_extra=max_extra)
-    done = 0
+    done, refused = 0, Refusals()
     for k, rnd in enumerate(rounds):
+        if refused.hopeless(rnd, store.confirmations(study.id), expected_s):
+            refused.add(rnd)
+            continue
         result = run_round(spec, store, study, runner, rnd, repeats=rounds_said(rounds, repeats), phase=phase, say=say,
                            deadline=deadline, expected_s=expected_s, lease=lease, budget_s=budget_s)
         done += result.done
+        if result.refused:
+            refused.add(rnd, round_need_s(rnd, store.confirmations(study.id), expected_s))
+            continue
         if result.stopped_by is not None:
-            left = result.pending + sum(len(r.repeats) for r in rounds[k + 1:])
+            left = result.pending + refused.pending() + sum(len(r.repeats) for r in rounds[k + 1:])
             say(stopped_line(left))
             return ConfirmResult(done, left, result.stopped_by)
+    if refused.rounds:
+        say(stopped_line(refused.pending()))
+        return ConfirmResult(done, refused.pending(), "timeout")
     return ConfirmResult(done, 0, None)
 
 

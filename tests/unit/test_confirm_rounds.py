@@ -252,3 +252,73 @@ def test_a_study_with_rounds_stored_before_the_stamp_keeps_the_range(tmp_path: P
     run_round(spec, store, study, runner, Round(1, 5, list(enumerate(trials))), repeats=3, phase=lambda _: None,
               say=lambda _: None, expected_s=600.0)
     assert runner.ran == [0, 1] and store.study("r").spread_rule == "range"
+
+
+def _chat_h100_shape(tmp_path: Path) -> tuple[Any, ResultStore, Any, list[Any]]:
+    """The H100 chat study after its round 1: round 1 holds the baseline and #1 but not #2 (the run ended
+    first), so rounds 2 and 3 repeat all three and round 4 the baseline and #2 alone. Each first run took
+    600 s, which is what a repeat is expected to take."""
+    spec, store, study, trials = _setup(tmp_path, count=3)
+    t0 = dt.datetime(2026, 12, 7, 12, 0, 0)
+    for t in trials:
+        store.save_trial(study.id, t.number, started_at=t0, finished_at=t0 + dt.timedelta(seconds=600))
+    trials = store.trials(study.id)
+    for pos, t in enumerate(trials[:2]):
+        store.save_confirmation(study_id=study.id, trial_id=t.id, round=0, position=pos, seed=1, state="ok",
+                                objectives={"capacity_tps": 2000.0, "p50_tpot_ms": 12.0}, constraints={})
+    rows = store.confirmations(study.id)
+    assert [(r, n, s) for r, n, s in confirm.round_times(trials, rows, 3, 0.0)] == [
+        (1, 3, 1800.0), (2, 3, 1800.0), (3, 2, 1200.0)]
+    return spec, store, study, trials
+
+
+def test_a_round_too_long_for_the_time_left_gives_way_to_a_later_shorter_one(tmp_path: Path, monkeypatch) -> None:
+    """Rounds are independent pairs with seeds of their own: with 1,300 s left, rounds 2 and 3 (1,800 s
+    each) do not fit and round 4 (1,200 s) does, so round 4 runs and the call stops after it, saying what
+    is left. Round 3 is passed over without a line of its own: it is no shorter than round 2."""
+    spec, store, study, trials = _chat_h100_shape(tmp_path)
+    runner, said = CountingRunner(), []
+    monkeypatch.setattr(confirm, "time", SimpleNamespace(monotonic=lambda: runner.now))
+    result = confirm.confirm_study(spec, store, study, runner, top_k=2, repeats=3, phase=lambda _: None,
+                                   say=said.append, deadline=1300.0)
+    assert (result.done, result.pending, result.stopped_by) == (2, 6, "timeout")
+    assert runner.ran == [2, 0]                     # round 4, odd: the round's order reversed
+    assert sorted((r.round, r.trial_id) for r in store.confirmations(study.id))[-2:] == [
+        (3, trials[0].id), (3, trials[2].id)]
+    assert sum("round not started" in s for s in said) == 1, said
+    assert any("[confirm 2/4] round not started: its 3 repeat(s) take ~1800 s and 1300 s are left" in s
+               for s in said), said
+    assert said[-1] == confirm.stopped_line(6)
+    # the next call plans what is still missing: rounds 2 and 3 of all three, nothing more
+    assert [(r, [t.number for t in held]) for r, held in
+            confirm.rounds_to_run(trials, store.confirmations(study.id), 3)[0]] == [(1, [0, 1, 2]), (2, [0, 1, 2])]
+    # with no round that fits, nothing runs and the call says what is left (the repeats just stored took
+    # no time on the real clock, so #1's first run, 600 s, is what a round is timed by now)
+    said.clear()
+    result = confirm.confirm_study(spec, store, study, runner, top_k=2, repeats=3, phase=lambda _: None,
+                                   say=said.append, deadline=runner.now + 500.0)
+    assert (result.done, result.pending, result.stopped_by) == (0, 6, "timeout") and runner.ran == [2, 0]
+    assert sum("round not started" in s for s in said) == 1 and said[-1] == confirm.stopped_line(6)
+
+
+def test_the_scheduler_s_rounds_give_way_the_same_and_the_last_to_end_stops_the_study(tmp_path: Path,
+                                                                                        monkeypatch) -> None:
+    """`run` and the daemon hand the rounds to the scheduler as jobs (tuner/after_budget.py). A refused
+    round no longer stops the later ones; the last job to end sets the stop reason, so the run says to run
+    again and the next step (the daemon's report) does not begin as if the confirmation were whole."""
+    from autotune.tuner.after_budget import confirm_parts
+
+    spec, store, study, trials = _chat_h100_shape(tmp_path)
+    runner, said = CountingRunner(), []
+    monkeypatch.setattr(confirm, "time", SimpleNamespace(monotonic=lambda: runner.now))
+    spec.confirm.top_k = 2
+    driver = SimpleNamespace(spec=spec, store=store, record=study, runner=runner, deadline=1300.0,
+                             timeout_s=8 * 3600.0, tag_phases=False, stop_reason=None, fixed_flags=[],
+                             progress=SimpleNamespace(message=said.append))
+    parts = confirm_parts(driver)
+    assert [p.name for p in parts] == ["confirm round 2", "confirm round 3", "confirm round 4"]
+    for n, p in enumerate(parts):
+        p.run(None, lambda _: None)
+        assert driver.stop_reason == (None if n < 2 else "timeout")    # the others may still run
+    assert runner.ran == [2, 0] and said[-1] == confirm.stopped_line(6)
+    assert sum("round not started" in s for s in said) == 1, said

@@ -196,7 +196,7 @@ def run_round(spec: StudySpec, store: ResultStore, study: StudyRecord, runner: T
     if deadline is not None and sum(takes) > 0 and not begun(rnd, rows):
         need, left = sum(takes), deadline - time.monotonic()
         if left < need:
-            whole = (f"; this run's whole time, {budget_s:.0f} s, can never hold one: give it at least "
+            whole = (f"; this run's whole time, {budget_s:.0f} s, can never hold this round: give it at least "
                      f"{need:.0f} s" if budget_s is not None and budget_s < need else "")
             say(f"[confirm {rnd.number + 1}/{repeats}] round not started: its {len(rnd.repeats)} repeat(s) take "
                 f"~{need:.0f} s and {max(left, 0):.0f} s are left (a round runs whole, its pairs on one "

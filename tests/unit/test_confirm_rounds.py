@@ -109,7 +109,7 @@ def test_an_invocation_too_short_for_any_round_runs_none_and_says_what_a_round_n
     result = _run(spec, store, study, runner, trials, said, left_s=1000, budget_s=1000, monkeypatch=monkeypatch)
     assert (result.done, result.pending, result.stopped_by) == (0, 2, "timeout") and runner.ran == []
     assert any("round not started: its 2 repeat(s) take ~1200 s and 1000 s are left" in s
-               and "this run's whole time, 1000 s, can never hold one: give it at least 1200 s" in s
+               and "this run's whole time, 1000 s, can never hold this round: give it at least 1200 s" in s
                for s in said), said
 
 

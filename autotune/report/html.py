@@ -110,6 +110,9 @@ def _exported(study: StudyRecord, trials: Sequence[TrialRecord], choice: Any,
             ("confirmed", _confirmed_cell(study, confirms.get(t.number))),
             ("verdict against the defaults", _e(conf.verdict_line(trials, confirms, t.number))),
             ("measurement flags", _e(", ".join(flags.get(t.number, [])) or "none recorded"))]
+    memory = conf.memory_text(study, confirms[t.number]) if t.number in confirms else ""
+    if memory:
+        rows.insert(6, ("peak memory, every run", _e(memory)))
     if quality:
         rows.append(("quality warning", f'<span class="warn">{_e(quality_warning(quality))}</span>'))
     if t.env:

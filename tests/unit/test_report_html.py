@@ -77,6 +77,24 @@ def test_report_labels_marks_and_leaves_placeholders_out(tmp_path):
     assert "SIMULATED" not in render_report(*_study(tmp_path / "real", simulated=False))
 
 
+def test_the_exported_trial_s_least_free_memory_over_its_runs_is_shown(tmp_path):
+    """Confirmation repeats keep telemetry: the report gives the worst run's free memory beside the
+    confirmed figures, and which run it was (here a repeat, not the first run)."""
+    store, study = _study(tmp_path, simulated=False)
+    total = 81_559.0
+    for n, first, reps in ((0, 70_000.0, (71_000.0, 70_500.0, 70_800.0)), (13, 74_000.0, (74_100.0, 78_500.0, 74_200.0))):
+        store.save_trial(study.id, n, telemetry={"source": "nvml", "peak_mem_used_mib": first, "mem_total_mib": total})
+        trial = next(t for t in store.trials(study.id) if t.number == n)
+        for r, peak in enumerate(reps):
+            store.save_confirmation(study_id=study.id, trial_id=trial.id, round=r, position=0, seed=r, state="ok",
+                                    objectives={"capacity_tps": 1000.0 + n, "p50_tpot_ms": 10.0},
+                                    constraints={"slo:ttft:p99": -5.0}, capacity={"capacity": 8},
+                                    telemetry={"source": "nvml", "peak_mem_used_mib": peak, "mem_total_mib": total})
+    page = render_report(store, study)
+    assert "exported: trial 13" in page
+    assert "peak memory over 4 runs: least free 3.8% (round-2 repeat)" in page
+
+
 def test_report_command_errors_are_one_line(tmp_path, capsys):
     store, _ = _study(tmp_path, simulated=True)
     assert main(["report", "--storage", store.url, "-o", str(tmp_path / "no" / "r.html")]) == 2

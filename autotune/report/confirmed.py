@@ -12,7 +12,7 @@ from autotune.tuner.verdict import (MIN_ROUNDS, NOISE_FLOOR, OLD_SPREAD_RULE, SP
                                     ObjectiveVerdict, first_bracket, objective_verdict, relative_spread,
                                     spread_rule, summarize_confirmations)
 from autotune.telemetry.summary import spec_margin
-from autotune.tuner.winner import ExportChoice, baseline_words
+from autotune.tuner.winner import ExportChoice, baseline_words, low_headroom_run
 
 NOT_CONFIRMED = "not confirmed"
 SHOWN_LEFT_OUT = 5      # close or flagged trials the confirmation left out, named one a line in `show`
@@ -109,8 +109,7 @@ def memory_text(study: StudyRecord, c: Confirmed) -> str:
     if least is None or least[2] < 2:
         return ""
     free, which, runs = least
-    margin = spec_margin(study.spec)
-    low = f"; LOW HEADROOM, margin {margin:.0%}" if margin is not None and free < margin else ""
+    low = f"; LOW HEADROOM, margin {spec_margin(study.spec):.0%}" if low_headroom_run(study, c) else ""
     return f"peak memory over {runs} runs: least free {100 * free:.1f}% ({which}{low})"
 
 

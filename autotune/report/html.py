@@ -100,6 +100,7 @@ def _exported(study: StudyRecord, trials: Sequence[TrialRecord], choice: Any,
         return f'<p class="warn">{_e(choice.reason)}</p>'
     baseline = next((b for b in trials if b.role == "baseline"), None)
     quality = quality_changes(study, t, baseline)
+    memory = conf.memory_text(study, confirms[t.number]) if t.number in confirms else ""
     rows = [("trial", _e(f"{t.number} ({t.role}) - {choice.reason}")),
             ("flags", f"<code>{_e(' '.join([*study.fixed_flags, *t.flags]) or '(defaults)')}</code>"),
             ("first-run measurement", _kv(t.objectives) + (" (SIMULATED)" if t.simulated else "")),
@@ -108,11 +109,9 @@ def _exported(study: StudyRecord, trials: Sequence[TrialRecord], choice: Any,
             ("p99 TTFT ms / median TPOT ms", _e(f"{_fmt((t.metrics or {}).get('p99_ttft_ms'))} / "
                                                 f"{_fmt((t.metrics or {}).get('median_tpot_ms'))}")),
             ("confirmed", _confirmed_cell(study, confirms.get(t.number))),
+            *([("peak memory, every run", _e(memory))] if memory else []),
             ("verdict against the defaults", _e(conf.verdict_line(trials, confirms, t.number))),
             ("measurement flags", _e(", ".join(flags.get(t.number, [])) or "none recorded"))]
-    memory = conf.memory_text(study, confirms[t.number]) if t.number in confirms else ""
-    if memory:
-        rows.insert(6, ("peak memory, every run", _e(memory)))
     if quality:
         rows.append(("quality warning", f'<span class="warn">{_e(quality_warning(quality))}</span>'))
     if t.env:

@@ -67,13 +67,12 @@ def confirm_parts(driver: StudyDriver) -> list[BudgetPart]:
                 if result is None or result.refused:
                     refused.add(rnd, None if result is None else
                                 round_need_s(rnd, driver.store.confirmations(driver.record.id), expected))
-                    if len(ended) == len(rounds):
-                        stop(refused.pending(), "timeout")
                 elif result.stopped_by:
                     left = result.pending + refused.pending() + sum(len(r.repeats) for r in rounds
                                                                     if r.number not in started)
                     stop(left, result.stopped_by)
-                elif refused.rounds and len(ended) == len(rounds):
+                    return
+                if refused.rounds and len(ended) == len(rounds):
                     stop(refused.pending(), "timeout")
         return run
 

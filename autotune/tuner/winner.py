@@ -124,7 +124,7 @@ def _ratio(c: Confirmed, top: Confirmed, name: str) -> float:
     return c.medians[name] / top.medians[name] if top.medians.get(name) else 1.0
 
 
-def _low_headroom(study: StudyRecord, c: Confirmed) -> str | None:
+def low_headroom_run(study: StudyRecord, c: Confirmed) -> str | None:
     """Which of its runs left less free memory at peak than the study's headroom margin (what `show`
     marks LOW HEADROOM), None if none did: a deploy closer to an out-of-memory error than the study
     asked for. Every run that measured memory counts, the first and the repeats."""
@@ -165,7 +165,7 @@ def _simplest_alike(study: StudyRecord, top: Confirmed, eligible: Sequence[Confi
         costs = [x.objective for x in c.verdicts if x.worse and x.objective not in top_costs]
         if costs:
             return f"it is worse on {', '.join(costs)}"
-        if (run := _low_headroom(study, c)) and not _low_headroom(study, top):
+        if (run := low_headroom_run(study, c)) and not low_headroom_run(study, top):
             return f"its {run}'s peak memory left less than the {spec_margin(study.spec):.0%} headroom margin"
         if c.quality_changing and not top.quality_changing:
             return f"it changes output quality ({', '.join(c.quality)})"

@@ -261,7 +261,9 @@ def begun(rnd: Round, rows: Sequence[ConfirmationRecord]) -> bool:
 
 
 def round_need_s(rnd: Round, rows: Sequence[ConfirmationRecord], fallback: float) -> float:
-    return sum(expected_repeat_s(t, rows, fallback) for _, t in rnd.repeats)
+    """fsum: the same repeats in another round's order give the same figure to the last bit, so a round
+    is compared with one already refused by its times, not by its order."""
+    return math.fsum(expected_repeat_s(t, rows, fallback) for _, t in rnd.repeats)
 
 
 class Refusals:

@@ -292,8 +292,13 @@ def test_a_round_too_long_for_the_time_left_gives_way_to_a_later_shorter_one(tmp
     # the next call plans what is still missing: rounds 2 and 3 of all three, nothing more
     assert [(r, [t.number for t in held]) for r, held in
             confirm.rounds_to_run(trials, store.confirmations(study.id), 3)[0]] == [(1, [0, 1, 2]), (2, [0, 1, 2])]
-    # with no round that fits, nothing runs and the call says what is left (the repeats just stored took
-    # no time on the real clock, so #1's first run, 600 s, is what a round is timed by now)
+    # with no round that fits, nothing runs and the call says what is left; round 4's repeats are given
+    # the 600 s each that the stand-in clock says they took (no wall clock is read)
+    t0 = dt.datetime(2026, 12, 7, 13, 0, 0)
+    for r in store.confirmations(study.id):
+        if r.round == 3:
+            store.save_confirmation(study_id=study.id, trial_id=r.trial_id, round=3, started_at=t0,
+                                    finished_at=t0 + dt.timedelta(seconds=600))
     said.clear()
     result = confirm.confirm_study(spec, store, study, runner, top_k=2, repeats=3, phase=lambda _: None,
                                    say=said.append, deadline=runner.now + 500.0)

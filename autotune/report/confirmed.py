@@ -8,6 +8,7 @@ from typing import Any, Sequence
 from autotune.bench.metrics import capacity_tps
 from autotune.store.models import StudyRecord, TrialRecord
 from autotune.store.repository import ResultStore
+from autotune.tuner.outlook import MAX_FACTOR, Outlook, baseline_median, outlook
 from autotune.tuner.verdict import (MIN_ROUNDS, NOISE_FLOOR, OLD_SPREAD_RULE, SPREAD_RULES, Confirmed,
                                     ObjectiveVerdict, first_bracket, objective_verdict, relative_spread,
                                     spread_rule, summarize_confirmations)
@@ -154,6 +155,41 @@ def rounds_left_text(times: Sequence[tuple[int, int, float]]) -> str:
             + " (each configuration timed by its longest repeat so far, else its first run; a round runs whole)")
 
 
+def planned_rounds(study: StudyRecord) -> int:
+    """The paired rounds the study's own `confirm:` settings ask of each configuration."""
+    return int(((study.spec or {}).get("confirm") or {}).get("repeats", MIN_ROUNDS))
+
+
+def pending_outlook(study: StudyRecord, trials: Sequence[TrialRecord], confirmed: dict[int, Confirmed]) -> list[Outlook]:
+    """While the confirmation is unfinished, what its rounds left can decide (tuner/outlook.py)."""
+    baseline = next((t for t in trials if t.role == "baseline"), None)
+    if baseline is None or not any(c.pending for c in confirmed.values()):
+        return []
+    return outlook(study, confirmed, baseline.number, planned_rounds(study))
+
+
+def outlook_text(study: StudyRecord, trials: Sequence[TrialRecord], confirmed: dict[int, Confirmed]) -> str:
+    """`pending_outlook` as `show` says it, or empty."""
+    seen = pending_outlook(study, trials, confirmed)
+    if not seen:
+        return ""
+    name, direction = study.objectives[0]
+    b = baseline_median(study, confirmed[next(t.number for t in trials if t.role == "baseline")])
+
+    def who(o: Outlook) -> str:
+        return f"#{o.trial} (so far {', '.join(f'x{r:.3f}' for r in o.so_far) or 'no paired round'})"
+
+    can = [f"{who(o)} is better at x{o.needed:.3f} or {'more' if direction == 'maximize' else 'less'} in "
+           + ("its 1 round left" if o.rounds_left == 1 else f"each of its {o.rounds_left} rounds left")
+           for o in seen if o.needed is not None]
+    cannot = [who(o) for o in seen if o.needed is None]
+    bound = f"x{MAX_FACTOR:g}" if direction == "maximize" else f"x{1 / MAX_FACTOR:g}"
+    said = can + ([f"{', '.join(cannot)} cannot be better at any ratio up to {bound}"] if cannot else [])
+    return (f"what the rounds left can decide on {name}, said before they run (each candidate's rounds left "
+            f"at one ratio to the baseline, the baseline's repeats at its median so far, {b:.4g}): "
+            + "; ".join(said))
+
+
 def confirmation_to_run(study: StudyRecord, trials: Sequence[TrialRecord],
                         rows: Sequence[Any]) -> tuple[str, set[int]]:
     """Which configurations the confirmation repeats (as `run` and `autotune confirm` pick them with the
@@ -168,7 +204,7 @@ def confirmation_to_run(study: StudyRecord, trials: Sequence[TrialRecord],
     configs = ([baseline] if baseline is not None else []) + list(picks.candidates)
     if not configs:
         return "", set()
-    repeats = int(conf.get("repeats", MIN_ROUNDS))
+    repeats = planned_rounds(study)
     said = rounds_left_text(round_times(configs, rows, repeats, expected_trial_s(trials) or 0.0))
     _, cut = rounds_to_run(configs, rows, repeats)
     cut_said = (f"round(s) {', '.join(str(r + 1) for r in cut)} cut in an earlier run, replaced (a round is not "
@@ -211,7 +247,8 @@ def confirmation_lines(study: StudyRecord, trials: Sequence[TrialRecord], confir
                      "`autotune confirm --extra N` repeats more)")
     if any(c.pending for c in confirmed.values()):
         lines.append("CONFIRMATION NOT FINISHED: `autotune confirm` continues it" + (f"; {to_run}" if to_run else ""))
-        return lines
+        ahead = outlook_text(study, trials, confirmed)
+        return lines + ([ahead] if ahead else [])
     base = confirmed.get(baseline.number) if baseline is not None else None
     if base is None or not any(r.state == "ok" for r in base.rows):
         lines.append("no confirmed baseline: no verdict against vLLM's defaults")

@@ -14,7 +14,7 @@ from rich.table import Table
 from autotune import causes
 from autotune.node.pool import format_cpulist
 from autotune.engine.phases import format_phases
-from autotune.report.confirmed import cell, confirmation_lines, confirmation_to_run
+from autotune.report.confirmed import cell, confirmation_lines, confirmation_to_run, pending_outlook
 from autotune.store.models import StudyRecord, TrialRecord
 from autotune.store.queries import is_feasible, pareto_front
 from autotune.store.repository import ResultStore
@@ -185,7 +185,8 @@ def show_command(args: argparse.Namespace) -> int:
                                                  "why": keeps.why, "notes": keeps.notes} if keeps else None),
                           "confirmation_left_out": [{"trial": t.number, "why": why} for t, why in skipped],
                           "confirmation_left_out_note": skipped_note or None,
-                          "confirmation_to_run": to_run or None},
+                          "confirmation_to_run": to_run or None,
+                          "confirmation_outlook": [o.to_json() for o in pending_outlook(study, trials, confirmed)]},
                          indent=2, default=str))
         return 0
     console = Console(width=160)

@@ -86,6 +86,7 @@ def test_confirm_on_the_simulator(tmp_path: Path, servers_in, sim_spec, autotune
     show = json.loads(autotune_cli("show", "--storage", url, "--json", cwd=tmp_path).stdout)
     assert set(show["confirmations"]) == {"0", "1"} and show["pareto_front_confirmed"] is True
     assert show["confirmation_to_run"] is None                 # done: nothing left to run
+    assert show["confirmation_outlook"] == []                  # nor anything left to decide
     text = autotune_cli("show", "--storage", url, cwd=tmp_path).stdout
     assert "4 repeat(s)" in text and "first run" in text
     # every repeat kept its own telemetry, so memory is weighed over all five runs, not the first alone

@@ -399,7 +399,9 @@ def test_an_unfinished_confirmation_says_how_long_each_round_left_will_take():
     assert said.startswith("8 repeat(s) left: round 2 ~753 s, round 3 ~753 s, round 4 ~507 s (")
     shown = confirmation_lines(s, [base, cand, fresh], summarize_confirmations(s, [base, cand, fresh], rows),
                                to_run=f"to run: #0, #1, #4; {said}")
-    assert "CONFIRMATION NOT FINISHED: `autotune confirm` continues it; to run: #0, #1, #4; 8 repeat(s)" in shown[-1]
+    assert "CONFIRMATION NOT FINISHED: `autotune confirm` continues it; to run: #0, #1, #4; 8 repeat(s)" in shown[-2]
+    # and what those rounds can decide: #1 has one paired round (#4 none yet, so nothing to say of it)
+    assert shown[-1].endswith("#1 (so far x1.161) is better at x1.082 or more in each of its 2 rounds left")
     # nothing to go by but the study's median trial: that, as before
     fresh.finished_at = None
     assert round_times([fresh], [], 3, fallback_s=190.0) == [(0, 1, 190.0), (1, 1, 190.0), (2, 1, 190.0)]
@@ -525,3 +527,62 @@ def test_a_candidate_as_good_with_fewer_flags_is_exported_in_place_of_the_best_m
     assert confirmed[0].least_headroom() is None          # the baseline measured no memory
     assert confirmed[1].to_json()["least_headroom"] == {"free": pytest.approx(1 - 78.5 / 79.6),
                                                         "run": "round-2 repeat", "runs": 2}
+
+
+def test_an_unfinished_confirmation_says_what_its_rounds_left_can_decide():
+    """The H100 chat study after its rounds 1, 2 and 4 (benchmarks/gpu/knobs/RESULTS.md, session 40), its
+    capacity figures rounded: one round left for each candidate. #8 (x1.065, x1.083) comes out better at
+    x1.034: the logs 0.0626, 0.0800, 0.0334 have mean 0.0587 and sd 0.0235, so with t(2) = 4.303 the interval
+    starts at exp(0.0587 - 0.0584) = 1.0002, and its gain 6.0 % clears the larger median-gap spread (its
+    own 5.1 %). At x1.033 the interval starts at 0.9986. The others cannot clear 1 with any third ratio."""
+    from autotune.report.confirmed import confirmation_lines, pending_outlook
+
+    s = StudyRecord(id=1, name="s", objectives=OBJ, spread_rule="gap", spec={"confirm": {"repeats": 3}})
+    base, c3, c8 = _trial(0, "baseline", tps=2755), _trial(3, tps=2647), _trial(8, tps=2677)
+    c11, c12 = _trial(11, tps=2604), _trial(12, tps=2703)
+    rows = (_rows(base, [(2556, 11.0), (2390, 10.8), (2504, 10.6)], rounds=[0, 1, 3])
+            + _rows(c3, [(2568, 11.4), (2579, 11.3)], rounds=[1, 3]) + _rows(c8, [(2721, 28.7), (2589, 37.3)])
+            + _rows(c11, [(2550, 10.0), (2525, 10.5)]) + _rows(c12, [(2439, 9.1), (2449, 9.6)]))
+    trials = [base, c3, c8, c11, c12]
+    confirmed = summarize_confirmations(s, trials, rows)
+    seen = {o.trial: o for o in pending_outlook(s, trials, confirmed)}
+    assert sorted(seen) == [3, 8, 11, 12] and all(o.rounds_left == 1 for o in seen.values())
+    assert seen[8].so_far == [1.065, 1.083] and seen[8].needed == pytest.approx(1.034)
+    assert [seen[n].needed for n in (3, 11, 12)] == [None, None, None]
+    # the threshold is the verdict's own: one step below it is not better
+    pairs, b = [(2556, 2721), (2390, 2589)], 2504
+    at = objective_verdict("capacity_tps", "maximize", pairs + [(b, b * 1.034)], [2556, 2390, 2504, b],
+                           [2721, 2589, b * 1.034], "gap")
+    below = objective_verdict("capacity_tps", "maximize", pairs + [(b, b * 1.033)], [2556, 2390, 2504, b],
+                              [2721, 2589, b * 1.033], "gap")
+    assert at.better and at.interval.low == pytest.approx(1.0002, abs=1e-4)
+    assert not below.better and below.interval.low == pytest.approx(0.9986, abs=1e-4)
+    said = confirmation_lines(s, trials, confirmed)[-1]
+    assert said.startswith("what the rounds left can decide on capacity_tps, said before they run")
+    assert "#8 (so far x1.065, x1.083) is better at x1.034 or more in its 1 round left" in said
+    assert said.endswith("#3 (so far x1.074, x1.030), #11 (so far x0.998, x1.056), #12 (so far x0.954, x1.025) "
+                         "cannot be better at any ratio up to x2")
+    # once every round has run, nothing is said
+    rows += _rows(base, [(2500, 10.9)], rounds=[2]) + [r for c in (c3, c8, c11, c12) for r in _rows(c, [(2500, 11.0)], rounds=[2])]
+    done = summarize_confirmations(s, trials, rows)
+    assert pending_outlook(s, trials, done) == [] and not confirmation_lines(s, trials, done)[-1].startswith("what the")
+
+
+def test_the_outlook_of_a_minimized_objective_and_of_two_rounds_left():
+    """A study whose first objective is minimized (p50 TPOT) asks for a ratio below 1; a candidate with one
+    paired round has two left, each assumed at the same ratio."""
+    from autotune.tuner.outlook import outlook
+
+    s = StudyRecord(id=1, name="s", objectives=[["p50_tpot_ms", "minimize"], ["capacity_tps", "maximize"]],
+                    spread_rule="gap", spec={"confirm": {"repeats": 3}})
+    base, cand = _trial(0, "baseline"), _trial(1)
+    rows = _rows(base, [(100, 20.0), (100, 20.4)]) + _rows(cand, [(100, 18.0)])
+    confirmed = summarize_confirmations(s, [base, cand], rows)
+    (o,) = outlook(s, confirmed, 0, 3)
+    assert o.rounds_left == 2 and o.so_far == [0.9] and o.needed is not None and o.needed < 1.0
+    b = 20.2
+    v = objective_verdict("p50_tpot_ms", "minimize", [(20.0, 18.0)] + [(b, b * o.needed)] * 2, [20.0, 20.4, b, b],
+                          [18.0, b * o.needed, b * o.needed], "gap")
+    assert v.better
+    # a study whose rounds are all run has no outlook
+    assert outlook(s, confirmed, 0, 1) == []

@@ -299,7 +299,7 @@ def _stored(store: ResultStore, study: StudyRecord, trial: TrialRecord, round_: 
 
 def stopped_line(left: int) -> str:
     return (f"confirmation stopped by the timeout: {left} repeat(s) left "
-            f"(`autotune confirm` or the same run command continues)")
+            f"(`autotune confirm` or the same run command continues; `autotune show` says what they can still decide)")
 
 
 def confirm_study(spec: StudySpec, store: ResultStore, study: StudyRecord, runner: TrialRunner, *,

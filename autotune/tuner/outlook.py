@@ -9,7 +9,8 @@ the verdict on the study's first objective to come out "better", by the verdict'
 (`verdict.objective_verdict`, the study's spread rule), or that none up to `MAX_FACTOR` does.
 
 The assumptions, said beside the result: every round left gives the same ratio, and the baseline's
-repeats to come land at its median so far. With one round left the first is no assumption at all. It is
+repeats to come land at its median so far. With one round left the first is no assumption, and a
+candidate that cannot clear 1 cannot whatever the baseline does (the interval is of ratios alone). It is
 also what a user writes down before a round runs, so that the round cannot be read to suit afterwards
 (the H100 decode study's round 6, benchmarks/gpu/knobs/RESULTS.md).
 """
@@ -77,5 +78,5 @@ def outlook(study: StudyRecord, confirmed: dict[int, Confirmed], baseline_number
             if v.better:
                 needed = round(r, 3)
                 break
-        out.append(Outlook(n, [round(c_ / a, 3) for a, c_ in pairs], left, needed))
+        out.append(Outlook(n, [round(v / a, 3) for a, v in pairs], left, needed))
     return out

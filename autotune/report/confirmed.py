@@ -168,13 +168,13 @@ def pending_outlook(study: StudyRecord, trials: Sequence[TrialRecord], confirmed
     return outlook(study, confirmed, baseline.number, planned_rounds(study))
 
 
-def outlook_text(study: StudyRecord, trials: Sequence[TrialRecord], confirmed: dict[int, Confirmed]) -> str:
-    """`pending_outlook` as `show` says it, or empty."""
-    seen = pending_outlook(study, trials, confirmed)
+def outlook_text(study: StudyRecord, confirmed: dict[int, Confirmed], baseline: TrialRecord | None) -> str:
+    """`pending_outlook` as `show` says it (the caller knows the confirmation is unfinished), or empty."""
+    seen = outlook(study, confirmed, baseline.number, planned_rounds(study)) if baseline is not None else []
     if not seen:
         return ""
     name, direction = study.objectives[0]
-    b = baseline_median(study, confirmed[next(t.number for t in trials if t.role == "baseline")])
+    b = baseline_median(study, confirmed[baseline.number])
 
     def who(o: Outlook) -> str:
         return f"#{o.trial} (so far {', '.join(f'x{r:.3f}' for r in o.so_far) or 'no paired round'})"
@@ -247,7 +247,7 @@ def confirmation_lines(study: StudyRecord, trials: Sequence[TrialRecord], confir
                      "`autotune confirm --extra N` repeats more)")
     if any(c.pending for c in confirmed.values()):
         lines.append("CONFIRMATION NOT FINISHED: `autotune confirm` continues it" + (f"; {to_run}" if to_run else ""))
-        ahead = outlook_text(study, trials, confirmed)
+        ahead = outlook_text(study, confirmed, baseline)
         return lines + ([ahead] if ahead else [])
     base = confirmed.get(baseline.number) if baseline is not None else None
     if base is None or not any(r.state == "ok" for r in base.rows):
